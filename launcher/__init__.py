@@ -1,0 +1,1 @@
+"""The zerorun launcher: hostfile -> plan -> per-node commands -> agents that run the ranks."""

@@ -1,0 +1,31 @@
+"""zerorun: ZeRO data-parallel training for PyTorch, DeepSpeed-shaped API.
+
+The public names (``initialize``, ``zero``, ``init_distributed``,
+``add_config_arguments``) are imported lazily so that ``import zerorun`` stays cheap
+for the CLI and the estimator.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "initialize": ("zerorun.engine.api", "initialize"),
+    "init_distributed": ("zerorun.engine.bootstrap", "init_distributed"),
+    "add_config_arguments": ("zerorun.engine.api", "add_config_arguments"),
+    "zero": ("zerorun.zero", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'zerorun' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)
+
+
+__all__ = ["__version__", *_LAZY]

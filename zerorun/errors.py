@@ -1,0 +1,15 @@
+"""User-facing errors: a message and a hint, shown once by the CLI's error boundary."""
+
+from __future__ import annotations
+
+
+class ZerorunError(Exception):
+    """An error the user can fix. ``hint`` says how; the CLI prints both and exits 1."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if self.hint is None else f"{self.message}\nhint: {self.hint}"
