@@ -1,0 +1,43 @@
+"""The memory model behind ``zerorun estimate``: pure functions, no torch import.
+
+    from zerorun.estimate import EstimateRequest, Training, estimate
+    est = estimate(EstimateRequest(Training(params=14_000_000_000, world_size=8), gpus_per_node=8))
+    [row.model_states for row in est.rows]        # bytes per GPU, term by term in row.gpu
+"""
+
+from __future__ import annotations
+
+from zerorun.estimate.activations import ActivationPolicy, activation_bytes, layer_activation_bytes
+from zerorun.estimate.buffers import Buckets, buffer_terms
+from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_param_count
+from zerorun.estimate.memory_model import (
+    DEFAULT_OVERHEAD,
+    Estimate,
+    EstimateRequest,
+    Recommendation,
+    Row,
+    estimate,
+    estimate_row,
+    placements,
+    recommend,
+)
+from zerorun.estimate.model_states import (
+    Dtype,
+    ModelStates,
+    Offload,
+    Optimizer,
+    Placement,
+    PlacementError,
+    Training,
+    engine_breakdown,
+    model_states,
+)
+from zerorun.estimate.shape import ModelShape, ShapeError, shape_from_hf_config
+
+__all__ = [
+    "DEFAULT_OVERHEAD", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
+    "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
+    "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
+    "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes",
+    "parse_param_count", "placements", "recommend", "shape_from_hf_config",
+]

@@ -1,0 +1,66 @@
+"""Parsing the numbers users type: parameter counts (``14B``) and byte sizes (``80GB``)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from zerorun.errors import ZerorunError
+
+GiB = 2**30
+GB = 10**9
+
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_COUNT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+
+# Binary units are what allocators and nvidia-smi report; decimal units are what vendors print.
+_BYTE_SUFFIX = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+class CountError(ZerorunError):
+    """A parameter count or a size the estimator cannot read."""
+
+
+def parse_param_count(text: str | int) -> int:
+    """``"14B"`` -> 14_000_000_000. Accepts ``7.5b``, ``350M``, ``1.3e9``, ``125000000``, ``20k``, ``1T``."""
+    if isinstance(text, int):
+        value: float = text
+    else:
+        match = _COUNT_RE.match(str(text))
+        if match is None:
+            raise CountError(
+                f"cannot read the parameter count {text!r}",
+                hint="write it like 14B, 7.5b, 350M, 1.3e9 or 125000000",
+            )
+        value = float(match.group(1)) * _COUNT_SUFFIX[match.group(2).lower()]
+    if not math.isfinite(value) or value < 1:
+        raise CountError(f"the parameter count {text!r} must be at least 1", hint="for example --params 7B")
+    return round(value)
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"80GB"`` -> 80e9, ``"80GiB"`` -> 80 * 2**30, ``"512MiB"``; a bare number is bytes."""
+    if isinstance(text, int):
+        return text
+    match = _BYTES_RE.match(str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _BYTE_SUFFIX:
+        raise CountError(
+            f"cannot read the size {text!r}",
+            hint="write it with a unit: 80GB (10^9 bytes), 80GiB (2^30 bytes), 512MiB",
+        )
+    value = float(match.group(1)) * _BYTE_SUFFIX[unit]
+    if not math.isfinite(value) or value < 0:
+        raise CountError(f"the size {text!r} must be a non-negative number", hint="for example 80GB")
+    return round(value)
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes to GiB (2**30 bytes), the unit every table of the estimator prints."""
+    return n_bytes / GiB

@@ -1,0 +1,192 @@
+"""The whole estimate: every stage and offload variant, term by term, and a recommendation.
+
+Per GPU: model states (see ``model_states``), communication buffers (``buffers``),
+activations (``activations``, when the shape is known) and a fixed overhead for the
+CUDA context, NCCL and the caching allocator. Per node: what offload moved to host
+memory or to NVMe, for all of the node's GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerorun.estimate.activations import ActivationPolicy, activation_bytes
+from zerorun.estimate.buffers import Buckets, buffer_terms
+from zerorun.estimate.counts import GiB, gib
+from zerorun.estimate.model_states import Offload, Placement, Training, model_states
+from zerorun.estimate.shape import ModelShape
+
+DEFAULT_OVERHEAD = 1 * GiB
+"""CUDA context (~0.3-0.5 GiB), NCCL buffers and allocator slack: 1 GiB unless --overhead."""
+
+GPU_TERMS = ("params", "gradients", "optimizer_states", "grad_accum", "buffers", "activations", "overhead")
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """Everything the estimate depends on."""
+
+    training: Training
+    gpus_per_node: int
+    nodes: int = 1
+    buckets: Buckets = field(default_factory=Buckets)
+    shape: ModelShape | None = None
+    activation_policy: ActivationPolicy = field(default_factory=ActivationPolicy)
+    overhead: int = DEFAULT_OVERHEAD
+    gpu_memory: int | None = None  # bytes per GPU; None: unknown
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stage/offload variant: bytes per GPU by term, host and NVMe bytes per node."""
+
+    placement: Placement
+    gpu: dict[str, int]
+    buffer_detail: dict[str, int]
+    model_states: int  # per rank, wherever they live
+    cpu_per_node: int
+    nvme_per_node: int
+    fits: bool | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.gpu.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.placement.stage,
+            "offload_optimizer": self.placement.offload_optimizer.value,
+            "offload_param": self.placement.offload_param.value,
+            "per_gpu_bytes": {**self.gpu, "total": self.total},
+            "per_node_cpu_bytes": self.cpu_per_node,
+            "per_node_nvme_bytes": self.nvme_per_node,
+            "model_states_bytes": self.model_states,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The chosen row (None when nothing fits or the GPU size is unknown) and why."""
+
+    row: Row | None
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        if self.row is None:
+            return {"stage": None, "offload_optimizer": None, "offload_param": None, "reason": self.reason}
+        p = self.row.placement
+        return {
+            "stage": p.stage,
+            "offload_optimizer": p.offload_optimizer.value,
+            "offload_param": p.offload_param.value,
+            "per_gpu_bytes": self.row.total,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Estimate:
+    request: EstimateRequest
+    rows: list[Row]
+    recommendation: Recommendation
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.request
+        return {
+            "params": r.training.params,
+            "gpus": r.gpus_per_node,
+            "nodes": r.nodes,
+            "world_size": r.training.world_size,
+            "dtype": r.training.dtype.value,
+            "optimizer": r.training.optimizer.value,
+            "gpu_memory_bytes": r.gpu_memory,
+            "rows": [row.to_json() for row in self.rows],
+            "recommendation": self.recommendation.to_json(),
+        }
+
+
+def placements(offload_optimizer: Offload | None = None, offload_param: Offload | None = None) -> list[Placement]:
+    """The rows to show. No offload flag: every stage plus the usual CPU-offload variants;
+    a flag pins that choice and keeps the stages where it is valid."""
+    if offload_optimizer is None and offload_param is None:
+        cpu = Offload.CPU
+        return [
+            Placement(0), Placement(1), Placement(1, cpu), Placement(2), Placement(2, cpu),
+            Placement(3), Placement(3, cpu), Placement(3, cpu, cpu),
+        ]
+    opt = offload_optimizer or Offload.NONE
+    par = offload_param or Offload.NONE
+    stages = [s for s in range(4) if (s >= 1 or opt is Offload.NONE) and (s == 3 or par is Offload.NONE)]
+    return [Placement(s, opt, par) for s in stages]
+
+
+def estimate_row(request: EstimateRequest, placement: Placement) -> Row:
+    """The per-term bytes of one variant."""
+    states = model_states(request.training, placement)
+    detail = buffer_terms(request.training, placement, request.buckets, request.shape)
+    activations = (
+        activation_bytes(request.shape, request.training.dtype, request.activation_policy)
+        if request.shape
+        else 0
+    )
+    gpu = {**states.gpu, "buffers": sum(detail.values()), "activations": activations, "overhead": request.overhead}
+    total = sum(gpu.values())
+    return Row(
+        placement=placement,
+        gpu={name: gpu[name] for name in GPU_TERMS},
+        buffer_detail=detail,
+        model_states=states.total,
+        cpu_per_node=states.cpu * request.gpus_per_node,
+        nvme_per_node=states.nvme * request.gpus_per_node,
+        fits=None if request.gpu_memory is None else total <= request.gpu_memory,
+    )
+
+
+def communication_rank(placement: Placement) -> tuple[int, int]:
+    """Lower is less traffic: stages 0-2 move 2Ψ per step, stage 3 moves 3Ψ, CPU offload adds
+    PCIe traffic every step (parameters more than optimizer), NVMe the most."""
+    opt, par = placement.offload_optimizer, placement.offload_param
+    if Offload.NVME in (opt, par):
+        level = 4
+    elif par is Offload.CPU:
+        level = 3
+    elif opt is Offload.CPU:
+        level = 2
+    else:
+        level = 1 if placement.stage == 3 else 0
+    return level, placement.stage
+
+
+def recommend(rows: list[Row], gpu_memory: int | None) -> Recommendation:
+    """The configuration with the least communication among those that fit."""
+    if gpu_memory is None:
+        return Recommendation(None, "GPU memory unknown: pass --gpu-memory (e.g. 80GB) to get a recommendation")
+    ranked = sorted(rows, key=lambda row: communication_rank(row.placement))
+    fitting = [row for row in ranked if row.fits]
+    if not fitting:
+        smallest = min(rows, key=lambda row: row.total)
+        return Recommendation(
+            None,
+            f"nothing fits in {gib(gpu_memory):.1f} GiB; the smallest is {smallest.placement.label} "
+            f"at {gib(smallest.total):.1f} GiB per GPU: add GPUs, offload, or shrink the micro batch",
+        )
+    best = fitting[0]
+    reason = (
+        f"{best.placement.label} is the configuration with the least communication that fits: "
+        f"{gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB per GPU"
+    )
+    cheaper = [row for row in ranked[: ranked.index(best)]]
+    if cheaper:
+        closest = min(cheaper, key=lambda row: row.total)
+        reason += f" ({closest.placement.label} would need {gib(closest.total):.1f} GiB)"
+    return Recommendation(best, reason)
+
+
+def estimate(
+    request: EstimateRequest, offload_optimizer: Offload | None = None, offload_param: Offload | None = None
+) -> Estimate:
+    """Every variant's row and the recommendation."""
+    rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param)]
+    return Estimate(request, rows, recommend(rows, request.gpu_memory))

@@ -1,0 +1,186 @@
+"""Model states per GPU under ZeRO: parameters, gradients, fp32 master, optimizer state.
+
+The arithmetic of Rajbhandari et al. (arXiv:1910.02054, Fig. 1) with mixed-precision
+Adam: 2Ψ compute-dtype parameters + 2Ψ gradients + KΨ optimizer states (K = 12:
+fp32 master 4, m 4, v 4), per GPU
+
+    stage 0: 16Ψ    stage 1: 4Ψ + 12Ψ/N    stage 2: 2Ψ + 14Ψ/N    stage 3: 16Ψ/N
+
+where N is the total number of GPUs. A shard is ceil(Ψ/N) elements: the engine pads
+its flat buffers to a multiple of N, so this is what a rank really holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from zerorun.errors import ZerorunError
+
+
+class Dtype(str, Enum):
+    """The compute dtype of parameters and gradients."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+    @property
+    def nbytes(self) -> int:
+        return 4 if self is Dtype.FP32 else 2
+
+    @property
+    def mixed(self) -> bool:
+        """16-bit compute with an fp32 master copy held by the optimizer."""
+        return self is not Dtype.FP32
+
+
+class Optimizer(str, Enum):
+    """The optimizer, as far as its state size goes."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+    SGD = "sgd"  # with momentum
+    SGD_NO_MOMENTUM = "sgd-nomomentum"
+
+    @property
+    def state_bytes(self) -> int:
+        """fp32 bytes of state per parameter, besides any master copy (Adam: m and v)."""
+        return {"adam": 8, "adamw": 8, "sgd": 4, "sgd-nomomentum": 0}[self.value]
+
+
+class Offload(str, Enum):
+    """Where offloaded states live."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class PlacementError(ZerorunError):
+    """A stage/offload combination that the engine does not run."""
+
+
+@dataclass(frozen=True)
+class Training:
+    """What is trained: Ψ parameters on ``world_size`` GPUs in total."""
+
+    params: int
+    world_size: int
+    dtype: Dtype = Dtype.BF16
+    optimizer: Optimizer = Optimizer.ADAM
+    fp32_grad_accum: bool = False  # DeepSpeed's fp32 gradient copy (its "18 bytes per parameter")
+
+    def shard(self, stage_shards: bool) -> int:
+        """Elements of one per-rank shard when sharded, else all Ψ."""
+        return -(-self.params // self.world_size) if stage_shards else self.params
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A ZeRO stage and where the optimizer and (stage 3) parameter shards live."""
+
+    stage: int
+    offload_optimizer: Offload = Offload.NONE
+    offload_param: Offload = Offload.NONE
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise PlacementError(f"ZeRO stage {self.stage} does not exist", hint="use a stage from 0 to 3")
+        if self.stage == 0 and self.offload_optimizer is not Offload.NONE:
+            raise PlacementError(
+                "stage 0 does not offload the optimizer: its states are not sharded",
+                hint="use stage 1 or higher with --offload-optimizer",
+            )
+        if self.stage < 3 and self.offload_param is not Offload.NONE:
+            raise PlacementError(
+                f"parameter offload needs stage 3, not stage {self.stage}",
+                hint="drop --offload-param or use stage 3",
+            )
+
+    @property
+    def label(self) -> str:
+        parts = [f"stage {self.stage}"]
+        if self.offload_optimizer is not Offload.NONE:
+            parts.append(f"optimizer->{self.offload_optimizer.value}")
+        if self.offload_param is not Offload.NONE:
+            parts.append(f"params->{self.offload_param.value}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of model state one rank holds, split by term, and where they live."""
+
+    params: int
+    gradients: int
+    master_params: int
+    optimizer_states: int
+    grad_accum: int
+    gpu: dict[str, int]  # the terms resident on the GPU (offloaded terms are 0 here)
+    cpu: int  # bytes this rank keeps in host memory
+    nvme: int  # bytes this rank keeps on the NVMe path
+
+    @property
+    def total(self) -> int:
+        """All model-state bytes, wherever they live."""
+        return self.params + self.gradients + self.master_params + self.optimizer_states + self.grad_accum
+
+
+def model_states(training: Training, placement: Placement) -> ModelStates:
+    """Per-rank model-state bytes for one stage and offload choice (pure arithmetic)."""
+    stage = placement.stage
+    dtype = training.dtype
+    params = training.shard(stage >= 3) * dtype.nbytes
+    gradients = training.shard(stage >= 2) * dtype.nbytes
+    opt_elems = training.shard(stage >= 1)
+    master = opt_elems * 4 if dtype.mixed else 0
+    states = opt_elems * training.optimizer.state_bytes
+    # DeepSpeed keeps the fp32 gradient only for the rank's partition at stages 1-3.
+    grad_accum = opt_elems * 4 if training.fp32_grad_accum and dtype.mixed else 0
+
+    gpu = {"params": params, "gradients": gradients, "optimizer_states": master + states, "grad_accum": grad_accum}
+    moved = {Offload.CPU: 0, Offload.NVME: 0}
+    if placement.offload_optimizer is not Offload.NONE:
+        # The fp32 master, the optimizer state and the fp32 gradient shard move; the step runs there.
+        moved[placement.offload_optimizer] += master + states + grad_accum
+        gpu["optimizer_states"] = 0
+        gpu["grad_accum"] = 0
+    if placement.offload_param is not Offload.NONE:
+        moved[placement.offload_param] += params
+        gpu["params"] = 0
+    return ModelStates(
+        params=params,
+        gradients=gradients,
+        master_params=master,
+        optimizer_states=states,
+        grad_accum=grad_accum,
+        gpu=gpu,
+        cpu=moved[Offload.CPU],
+        nvme=moved[Offload.NVME],
+    )
+
+
+def engine_breakdown(
+    stage: int,
+    dtype: Dtype | str,
+    optimizer: Optimizer | str,
+    world_size: int,
+    params: int,
+    *,
+    buffers: int = 0,
+) -> dict[str, int]:
+    """The estimate in the five keys of ``engine.memory_breakdown()``, for a direct comparison.
+
+    ``buffers`` is passed through: what counts as a buffer depends on the engine's bucket
+    settings (see ``buffers.buffer_terms`` for the estimate of those).
+    """
+    training = Training(params, world_size, Dtype(dtype), Optimizer(optimizer))
+    states = model_states(training, Placement(stage))
+    return {
+        "params": states.params,
+        "gradients": states.gradients,
+        "master_params": states.master_params,
+        "optimizer_states": states.optimizer_states,
+        "buffers": buffers,
+    }
