@@ -1,0 +1,135 @@
+"""Reading a config source (a JSON or YAML file, or a dict) into a plain dict.
+
+Duplicate keys are errors (the later value would silently win). A malformed file
+is reported with its name, line and column. YAML follows YAML 1.1 as PyYAML does,
+except that ``5e8`` (no dot) is read as the number DeepSpeed users mean, not a string.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zerorun.config.problems import ConfigError, Problem
+
+DICT_ORIGIN = "<dict>"
+
+_SCIENTIFIC = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str, line: int | None) -> None:
+        super().__init__(key)
+        self.key = key
+        self.line = line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys and reads ``5e8`` as a float."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789"))
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key, None)
+        result[key] = value
+    return result
+
+
+def _line_of_second(text: str, key: str) -> int | None:
+    """Best-effort line of the second ``"key":`` in JSON text (json gives no position)."""
+    hits = [m.start() for m in re.finditer(rf'"{re.escape(key)}"\s*:', text)]
+    return text.count("\n", 0, hits[1]) + 1 if len(hits) > 1 else None
+
+
+def _malformed(origin: str, line: int | None, column: int | None, message: str, kind: str) -> ConfigError:
+    where = f"line {line}, column {column}" if column else (f"line {line}" if line else "")
+    text = f"{kind}: {message}" + (f" at {where}" if where else "")
+    return ConfigError(origin, [Problem("", text)], hint=f"fix the {kind.split()[0]} syntax at that position")
+
+
+def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
+    """Parse config text; JSON when ``is_json`` else YAML (a superset for our purposes)."""
+    try:
+        if is_json:
+            return json.loads(text, object_pairs_hook=_json_pairs)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as dup:
+        line = dup.line or (_line_of_second(text, dup.key) if is_json else None)
+        where = f" (line {line})" if line else ""
+        problem = Problem("", f"duplicate key {dup.key!r}{where}; the later value would silently win")
+        raise ConfigError(origin, [problem], hint=f"keep one {dup.key!r} in that block") from None
+    except json.JSONDecodeError as err:
+        raise _malformed(origin, err.lineno, err.colno, err.msg, "malformed JSON") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        message = " ".join(part for part in (err.context, err.problem) if part)
+        raise _malformed(origin, line, column, message, "malformed YAML") from None
+    except yaml.YAMLError as err:
+        raise _malformed(origin, None, None, str(err), "malformed YAML") from None
+
+
+def read_source(source: str | Path | dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The raw config dict and its origin (a file name or ``<dict>``) for messages."""
+    if source is None:
+        return {}, "<defaults>"
+    if isinstance(source, dict):
+        data, origin = copy.deepcopy(source), DICT_ORIGIN
+    elif isinstance(source, (str, Path)):
+        data, origin = _read_file(Path(source)), str(source)
+    else:
+        raise ConfigError(
+            "<config>",
+            [Problem("", f"expected a path or a dict, got {type(source).__name__}")],
+            hint="pass config='ds_config.json' (or .yaml), or a dict of DeepSpeed keys",
+        )
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problem = Problem("", f"the top level must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(origin, [problem], hint='write the config as {"key": value, ...}')
+    bad_keys = [key for key in _all_keys(data) if not isinstance(key, str)]
+    if bad_keys:
+        problem = Problem("", f"keys must be strings, got {bad_keys[0]!r}")
+        raise ConfigError(origin, [problem], hint="quote the key in the file")
+    return data, origin
+
+
+def _all_keys(data: dict[Any, Any]) -> list[Any]:
+    found = list(data)
+    for value in data.values():
+        if isinstance(value, dict):
+            found.extend(_all_keys(value))
+    return found
+
+
+def _read_file(path: Path) -> Any:
+    if not path.is_file():
+        problem = Problem("", "no such file" if not path.exists() else "not a regular file")
+        raise ConfigError(
+            str(path), [problem], hint="check the path (relative paths start at the working directory)"
+        )
+    text = path.read_text(encoding="utf-8")
+    is_json = path.suffix.lower() == ".json" or (
+        path.suffix.lower() not in (".yaml", ".yml") and text.lstrip().startswith("{")
+    )
+    return parse_text(text, str(path), is_json=is_json)

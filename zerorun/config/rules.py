@@ -1,0 +1,176 @@
+"""Cross-field rules that DeepSpeed misses or only asserts late. Pure functions.
+
+Each rule reads a validated config and returns problems. ``RULES`` pairs each rule
+with the keys it reads, so that a rule is skipped when one of those keys was itself
+invalid (its value then is only a stand-in default, and the rule would report noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from zerorun.config.problems import ConfigError, Problem, Severity
+from zerorun.config.schema import ZerorunConfig
+from zerorun.config.schema_blocks import OPTIMIZERS
+from zerorun.config.schema_zero import STAGE3_ONLY_KEYS, ZeroConfig
+
+Rule = Callable[[ZerorunConfig, frozenset[str]], list[Problem]]
+
+ZERO = "zero_optimization"
+
+
+def precision_exclusive(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    if cfg.fp16.enabled and cfg.bf16.enabled:
+        return [
+            Problem(
+                "fp16.enabled",
+                "fp16 and bf16 are both enabled; enable at most one of fp16.enabled and bf16.enabled",
+            )
+        ]
+    return []
+
+
+def amp_unsupported(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    if cfg.amp.enabled:
+        return [
+            Problem(
+                "amp.enabled",
+                "apex AMP is not supported by zerorun; set amp.enabled: false and fp16.enabled: true (or bf16.enabled: true)",
+            )
+        ]
+    return []
+
+
+def nvme_needs_path(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    problems = []
+    for name in ("offload_optimizer", "offload_param"):
+        block = getattr(cfg.zero_optimization, name)
+        if block.device == "nvme" and not block.nvme_path:
+            problems.append(
+                Problem(
+                    f"{ZERO}.{name}.nvme_path",
+                    f"{ZERO}.{name}.device is nvme but nvme_path is not set; set it to a directory on a local NVMe drive",
+                )
+            )
+    return problems
+
+
+def offload_param_needs_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    zero = cfg.zero_optimization
+    if zero.offload_param.device != "none" and zero.stage != 3:
+        return [
+            Problem(
+                f"{ZERO}.offload_param.device",
+                f"parameter offload ({zero.offload_param.device}) needs {ZERO}.stage 3, but stage is {zero.stage}; "
+                "set stage: 3, or offload_param.device: none (offload_optimizer works from stage 1)",
+            )
+        ]
+    return []
+
+
+def offload_optimizer_needs_zero(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    zero = cfg.zero_optimization
+    problems = []
+    if zero.offload_optimizer.device != "none" and zero.stage == 0:
+        problems.append(
+            Problem(
+                f"{ZERO}.offload_optimizer.device",
+                f"optimizer offload ({zero.offload_optimizer.device}) needs {ZERO}.stage 1, 2 or 3, but stage is 0",
+            )
+        )
+    if zero.offload_optimizer.ratio < 1.0 and zero.stage != 3:
+        problems.append(
+            Problem(
+                f"{ZERO}.offload_optimizer.ratio",
+                f"partial offload (ratio {zero.offload_optimizer.ratio:g}) needs {ZERO}.stage 3, but stage is {zero.stage}",
+            )
+        )
+    return problems
+
+
+def master_weights_need_zero(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    stage = cfg.zero_optimization.stage
+    flags = {
+        "fp16.fp16_master_weights_and_grads": cfg.fp16.fp16_master_weights_and_grads,
+        "bf16.bf16_master_weights_and_grads": cfg.bf16.bf16_master_weights_and_grads,
+    }
+    return [
+        Problem(path, f"needs {ZERO}.stage 1, 2 or 3, but stage is 0")
+        for path, on in flags.items()
+        if on and stage == 0
+    ]
+
+
+def stage3_keys_below_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    zero = cfg.zero_optimization
+    if zero.stage == 3:
+        return []
+    defaults = ZeroConfig.model_fields
+    return [
+        Problem(
+            f"{ZERO}.{key}", f"has no effect at stage {zero.stage} (stage 3 only)", severity=Severity.WARNING
+        )
+        for key in STAGE3_ONLY_KEYS
+        if f"{ZERO}.{key}" in given and getattr(zero, key) != defaults[key].default
+    ]
+
+
+RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
+    (("fp16.enabled", "bf16.enabled"), precision_exclusive),
+    (("amp.enabled",), amp_unsupported),
+    ((f"{ZERO}.offload_optimizer", f"{ZERO}.offload_param"), nvme_needs_path),
+    ((f"{ZERO}.stage", f"{ZERO}.offload_param"), offload_param_needs_stage3),
+    ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
+    ((f"{ZERO}.stage", "fp16", "bf16"), master_weights_need_zero),
+    ((f"{ZERO}.stage",), stage3_keys_below_stage3),
+)
+
+
+def check_rules(cfg: ZerorunConfig, given: frozenset[str], invalid: frozenset[str]) -> list[Problem]:
+    """Every cross-field problem of ``cfg``, skipping rules that read an ``invalid`` key."""
+    problems: list[Problem] = []
+    for reads, rule in RULES:
+        tainted = any(
+            bad == read or bad.startswith(f"{read}.") or read.startswith(f"{bad}.")
+            for bad in invalid
+            for read in reads
+        )
+        if not tainted:
+            problems.extend(rule(cfg, given))
+    return problems
+
+
+def check_client_optimizer(
+    cfg: ZerorunConfig, has_client_optimizer: bool, client_optimizer_name: str | None = None
+) -> None:
+    """Raise ``ConfigError`` when a client optimizer conflicts with the config.
+
+    The engine calls this in ``initialize``: a client optimizer and a config
+    ``optimizer`` block together are ambiguous (DeepSpeed silently prefers one); an
+    optimizer class zerorun has not been tested with needs
+    ``zero_allow_untested_optimizer: true`` under ZeRO (stage >= 1).
+    """
+    if has_client_optimizer and cfg.optimizer is not None:
+        problem = Problem(
+            "optimizer",
+            f"the config names an optimizer ({cfg.optimizer.type}) and initialize() was also given one",
+        )
+        raise ConfigError(
+            "initialize",
+            [problem],
+            hint="remove the config's optimizer block, or do not pass optimizer= to initialize()",
+        )
+    untested = client_optimizer_name is not None and client_optimizer_name not in OPTIMIZERS
+    if (
+        has_client_optimizer
+        and untested
+        and cfg.zero_optimization.stage > 0
+        and not cfg.zero_allow_untested_optimizer
+    ):
+        problem = Problem(
+            "zero_allow_untested_optimizer",
+            f"the client optimizer {client_optimizer_name} is untested with ZeRO stage {cfg.zero_optimization.stage}",
+        )
+        raise ConfigError(
+            "initialize", [problem], hint="set zero_allow_untested_optimizer: true to use it anyway"
+        )

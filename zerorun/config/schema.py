@@ -1,0 +1,102 @@
+"""The whole config: DeepSpeed's top-level keys, each with its default and meaning.
+
+This file and its two siblings (``schema_zero``, ``schema_blocks``) are the one
+place where defaults are written down; ``zerorun print-config`` shows them.
+Attribute names are DeepSpeed's keys so that engine code reads like DeepSpeed's docs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+
+from zerorun.config.schema_blocks import (
+    ActivationCheckpointingConfig,
+    AioConfig,
+    AmpConfig,
+    Bf16Config,
+    CheckpointConfig,
+    FlopsProfilerConfig,
+    Fp16Config,
+    OptimizerConfig,
+    SchedulerConfig,
+)
+from zerorun.config.schema_zero import Block, ZeroConfig
+from zerorun.config.types import Bool, NonNegFloat, PosFloat, PosInt, choice
+
+CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(choice("fp32", "fp16", "bf16"))]
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+class ZerorunConfig(Block):
+    """A validated, resolved zerorun (DeepSpeed-compatible) config.
+
+    The batch triple is ``None`` only where it cannot be known yet (no world size
+    given); once loaded with a world size all three are ints with
+    ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``.
+    """
+
+    train_batch_size: PosInt | None = Field(
+        None,
+        description='Global samples per optimizer step = micro batch x accumulation x world size. "auto": derived.',
+    )
+    train_micro_batch_size_per_gpu: PosInt | None = Field(
+        None, description='Samples per rank per forward/backward. "auto": derived from the other two.'
+    )
+    gradient_accumulation_steps: PosInt | None = Field(
+        None,
+        description='Micro batches accumulated per optimizer step (1 when it cannot be derived). "auto": derived.',
+    )
+    gradient_clipping: NonNegFloat = Field(
+        0.0,
+        description="Clip the global gradient norm to this value; 0 disables clipping. DeepSpeed >= 0.19.3 defaults to 1.0.",
+    )
+    steps_per_print: PosInt = Field(
+        10, description="Log loss, learning rate and throughput every this many steps."
+    )
+    wall_clock_breakdown: Bool = Field(
+        False, description="Time forward, backward and step separately (synchronises)."
+    )
+    memory_breakdown: Bool = Field(
+        False, description="Log the model-state memory breakdown every steps_per_print."
+    )
+    optimizer: OptimizerConfig | None = Field(
+        None,
+        description="The optimizer to build; none when the script passes its own optimizer to initialize.",
+    )
+    scheduler: SchedulerConfig | None = Field(
+        None, description="The learning-rate scheduler to build, if any."
+    )
+    fp16: Fp16Config = Field(default_factory=Fp16Config, description="fp16 mixed precision and loss scaling.")
+    bf16: Bf16Config = Field(
+        default_factory=Bf16Config, description="bf16 mixed precision (alias: bfloat16)."
+    )
+    amp: AmpConfig = Field(default_factory=AmpConfig, description="apex AMP (accepted, not supported).")
+    zero_optimization: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO stage and its knobs.")
+    aio: AioConfig = Field(default_factory=AioConfig, description="Asynchronous I/O for NVMe offload.")
+    activation_checkpointing: ActivationCheckpointingConfig = Field(
+        default_factory=ActivationCheckpointingConfig, description="Activation checkpointing."
+    )
+    flops_profiler: FlopsProfilerConfig = Field(
+        default_factory=FlopsProfilerConfig, description="The flops profiler."
+    )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoint behaviour."
+    )
+    communication_data_type: CommDtype | None = Field(
+        None, description="dtype of gradient collectives (fp32, fp16, bf16); none: the training dtype."
+    )
+    prescale_gradients: Bool = Field(
+        False, description="Divide gradients by the world size before reducing them."
+    )
+    gradient_predivide_factor: PosFloat = Field(
+        1.0, description="Divide gradients by this before reducing and by world_size/factor after."
+    )
+    zero_allow_untested_optimizer: Bool = Field(
+        False, description="Allow a client optimizer that zerorun has not been tested with under ZeRO."
+    )
+    zero_force_ds_cpu_optimizer: Bool = Field(
+        True, description="Accepted for compatibility; zerorun steps any torch optimizer on offloaded shards."
+    )

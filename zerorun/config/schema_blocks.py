@@ -1,0 +1,185 @@
+"""The smaller config blocks: precision, optimizer, scheduler, and the DeepSpeed
+blocks zerorun accepts for compatibility (aio, activation checkpointing, flops
+profiler, checkpoint)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from zerorun.config.schema_zero import Block
+from zerorun.config.suggest import did_you_mean
+from zerorun.config.types import (
+    Bool,
+    Float,
+    Int,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    Str,
+    choice,
+    fail,
+    show,
+)
+
+OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop")
+"""Optimizer ``type`` values: the ``torch.optim`` classes (DeepSpeed matches them case-insensitively)."""
+
+SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
+"""Scheduler ``type`` values, DeepSpeed's names."""
+
+
+def _named(kind: str, names: tuple[str, ...]) -> Any:
+    """A validator for a type name matched case-insensitively, returned in canonical spelling."""
+
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise fail(f"expected a {kind} name, got {show(value)}")
+        for name in names:
+            if name.lower() == value.lower():
+                return name
+        suggestion = did_you_mean(value, names, case_insensitive=True)
+        hint = f" (did you mean {suggestion}?)" if suggestion else ""
+        raise fail(f"unknown {kind} {show(value)}{hint}; known: {', '.join(names)}")
+
+    return check
+
+
+class Fp16Config(Block):
+    """fp16 mixed precision with loss scaling."""
+
+    enabled: Bool = Field(False, description="Train with fp16 parameters and gradients, fp32 master weights.")
+    auto_cast: Bool = Field(False, description="Cast the forward inputs to fp16.")
+    loss_scale: NonNegFloat = Field(0.0, description="Static loss scale; 0 means dynamic loss scaling.")
+    initial_scale_power: NonNegInt = Field(
+        16, description="Dynamic scaling starts at 2**initial_scale_power."
+    )
+    loss_scale_window: PosInt = Field(1000, description="Steps without overflow before the scale is doubled.")
+    hysteresis: PosInt = Field(2, description="Overflows tolerated before the scale is lowered.")
+    consecutive_hysteresis: Bool = Field(
+        False, description="Refill hysteresis after every step without overflow."
+    )
+    min_loss_scale: PosFloat = Field(1.0, description="The dynamic scale never goes below this.")
+    fp16_master_weights_and_grads: Bool = Field(
+        False, description="Keep master weights and gradients in fp16 (stage 1-3)."
+    )
+
+
+class Bf16Config(Block):
+    """bf16 mixed precision (no loss scaling needed)."""
+
+    enabled: Bool = Field(False, description="Train with bf16 parameters and gradients, fp32 master weights.")
+    immediate_grad_update: Bool = Field(
+        False, description="Accumulate gradients into the fp32 copy right away."
+    )
+    check_grad_overflow: Bool = Field(True, description="Check bf16 gradients for inf/nan.")
+    bf16_master_weights_and_grads: Bool = Field(
+        False, description="Keep master weights and gradients in bf16."
+    )
+    bf16_optimizer_states: Bool = Field(False, description="Keep optimizer states in bf16.")
+
+
+class AmpConfig(Block):
+    """NVIDIA apex AMP (accepted for compatibility; zerorun does not run apex)."""
+
+    enabled: Bool = Field(False, description="Use apex AMP. zerorun rejects true: use fp16 or bf16.")
+    opt_level: Str = Field("O1", description="apex optimisation level.")
+    loss_scale: Float | Str | None = Field(None, description="apex loss scale.")
+    min_loss_scale: Float | None = Field(None, description="apex minimum loss scale.")
+    max_loss_scale: Float | None = Field(None, description="apex maximum loss scale.")
+    keep_batchnorm_fp32: Bool | None = Field(None, description="apex: keep batch norm in fp32.")
+    master_weights: Bool | None = Field(None, description="apex: keep fp32 master weights.")
+    cast_model_type: Str | None = Field(None, description="apex: dtype to cast the model to.")
+    patch_torch_functions: Bool | None = Field(None, description="apex: patch torch functions.")
+    verbosity: Int | None = Field(None, description="apex verbosity.")
+
+
+class OptimizerConfig(Block):
+    """The optimizer the engine builds over the rank's shard (``torch.optim`` class and kwargs)."""
+
+    type: Annotated[str, BeforeValidator(_named("optimizer", OPTIMIZERS))] = Field(
+        description=f"One of {', '.join(OPTIMIZERS)} (case-insensitive)."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description='Keyword arguments of the optimizer (lr, betas, eps, weight_decay ...); "auto" values are dropped.',
+    )
+
+
+class SchedulerConfig(Block):
+    """The learning-rate schedule, DeepSpeed's scheduler names and parameters."""
+
+    type: Annotated[str, BeforeValidator(_named("scheduler", SCHEDULERS))] = Field(
+        description=f"One of {', '.join(SCHEDULERS)}."
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Parameters of the schedule (warmup_num_steps ...)."
+    )
+
+
+class AioConfig(Block):
+    """Asynchronous I/O settings for NVMe offload."""
+
+    block_size: PosInt = Field(1_048_576, description="Bytes per I/O request.")
+    queue_depth: PosInt = Field(8, description="Outstanding I/O requests.")
+    thread_count: PosInt = Field(1, description="I/O threads (DeepSpeed also calls it intra_op_parallelism).")
+    single_submit: Bool = Field(False, description="Submit requests one at a time instead of in batches.")
+    overlap_events: Bool = Field(True, description="Overlap submission and completion of requests.")
+    use_gds: Bool = Field(False, description="Use GPUDirect Storage.")
+
+
+class ActivationCheckpointingConfig(Block):
+    """Activation checkpointing (applied by the model through the checkpointing API)."""
+
+    partition_activations: Bool = Field(False, description="Partition checkpointed activations across ranks.")
+    cpu_checkpointing: Bool = Field(False, description="Move checkpointed activations to CPU.")
+    contiguous_memory_optimization: Bool = Field(
+        False, description="Copy checkpoints into one contiguous buffer."
+    )
+    number_checkpoints: PosInt | None = Field(
+        None, description="Checkpoints per forward (for the contiguous buffer)."
+    )
+    synchronize_checkpoint_boundary: Bool = Field(
+        False, description="Synchronise at each checkpoint boundary."
+    )
+    profile: Bool = Field(False, description="Time the checkpointed forward and recompute.")
+
+
+class FlopsProfilerConfig(Block):
+    """The flops profiler."""
+
+    enabled: Bool = Field(False, description="Profile one step.")
+    recompute_fwd_factor: NonNegFloat = Field(
+        0.0, description="Extra forward cost of activation recomputation (0-1)."
+    )
+    profile_step: PosInt = Field(1, description="Which step to profile.")
+    module_depth: Int = Field(-1, description="Depth of the per-module report; -1 for all.")
+    top_modules: PosInt = Field(1, description="Modules listed per depth.")
+    detailed: Bool = Field(True, description="Print the per-module tree.")
+    output_file: Str | None = Field(None, description="Write the report to this file instead of stdout.")
+
+
+TagValidation = Annotated[
+    Literal["Ignore", "Warn", "Fail"], BeforeValidator(choice("Ignore", "Warn", "Fail"))
+]
+
+
+class ParallelWriteConfig(Block):
+    """How checkpoint shards are written."""
+
+    pipeline_stage: Bool = Field(
+        False, description="Write per pipeline stage (accepted; zerorun has no pipeline)."
+    )
+
+
+class CheckpointConfig(Block):
+    """Checkpoint behaviour."""
+
+    tag_validation: TagValidation = Field("Warn", description="Check that all ranks save under the same tag.")
+    load_universal: Bool = Field(False, description="Load a universal (world-size independent) checkpoint.")
+    use_node_local_storage: Bool = Field(False, description="Each node writes to its own local storage.")
+    parallel_write: ParallelWriteConfig = Field(
+        default_factory=ParallelWriteConfig, description="Shard write options."
+    )

@@ -1,0 +1,146 @@
+"""The ``zero_optimization`` block and its two offload sub-blocks (DeepSpeed's keys).
+
+Every field's description is its documentation; ``zerorun print-config`` shows the
+defaults. Sizes are in elements, not bytes, as in DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from zerorun.config.types import Bool, Fraction, NonNegInt, PosInt, Str, choice
+
+OffloadDevice = Annotated[Literal["none", "cpu", "nvme"], BeforeValidator(choice("none", "cpu", "nvme"))]
+Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(choice(0, 1, 2, 3))]
+
+STAGE3_ONLY_KEYS = (
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_model_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save",
+    "sub_group_size",
+)
+"""Keys that only ZeRO stage 3 reads; set below stage 3 they have no effect."""
+
+
+class Block(BaseModel):
+    """A config block: unknown keys are errors, values are frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class OffloadOptimizerConfig(Block):
+    """Where the fp32 master shard and the optimizer state live (ZeRO-Offload / ZeRO-Infinity)."""
+
+    device: OffloadDevice = Field("none", description="none (GPU), cpu, or nvme (files under nvme_path).")
+    nvme_path: Str | None = Field(
+        None, description="Directory on a fast local NVMe; required with device nvme."
+    )
+    pin_memory: Bool = Field(
+        False,
+        description="Page-locked CPU buffers (faster copies, more locked host memory). DeepSpeed >= 0.19.5 defaults to true.",
+    )
+    buffer_count: NonNegInt = Field(4, description="Number of buffers for optimizer-state swapping to NVMe.")
+    fast_init: Bool = Field(False, description="Faster optimizer initialisation when offloading to NVMe.")
+    ratio: Fraction = Field(1.0, description="Fraction of the optimizer state offloaded (< 1 needs stage 3).")
+    pipeline_read: Bool = Field(False, description="Overlap NVMe reads of the optimizer state with the step.")
+    pipeline_write: Bool = Field(
+        False, description="Overlap NVMe writes of the optimizer state with the step."
+    )
+
+
+class OffloadParamConfig(Block):
+    """Where the 16-bit parameter shards live between uses (stage 3 only)."""
+
+    device: OffloadDevice = Field("none", description="none (GPU), cpu, or nvme (files under nvme_path).")
+    nvme_path: Str | None = Field(
+        None, description="Directory on a fast local NVMe; required with device nvme."
+    )
+    pin_memory: Bool = Field(
+        False,
+        description="Page-locked CPU buffers (faster copies, more locked host memory). DeepSpeed >= 0.19.5 defaults to true.",
+    )
+    buffer_count: NonNegInt = Field(5, description="Number of buffers in the parameter swap pool (NVMe).")
+    buffer_size: NonNegInt = Field(
+        100_000_000, description="Elements per buffer of the parameter swap pool (NVMe)."
+    )
+    max_in_cpu: NonNegInt = Field(
+        1_000_000_000, description="Parameter elements kept in CPU memory when offloading to NVMe."
+    )
+
+
+class ZeroConfig(Block):
+    """ZeRO: which model states are partitioned across the data-parallel ranks."""
+
+    stage: Stage = Field(
+        0,
+        description="0: plain data parallel; 1: optimizer state partitioned; 2: + gradients; 3: + parameters.",
+    )
+    contiguous_gradients: Bool = Field(
+        True, description="Copy gradients into one contiguous buffer as they are produced."
+    )
+    reduce_scatter: Bool = Field(
+        True, description="Reduce gradients with reduce-scatter instead of all-reduce (stages 1-2)."
+    )
+    reduce_bucket_size: NonNegInt = Field(
+        500_000_000, description='Elements reduced at a time. "auto": hidden_size^2.'
+    )
+    allgather_partitions: Bool = Field(
+        True, description="All-gather updated partitions at the end of the step (stages 1-2)."
+    )
+    allgather_bucket_size: NonNegInt = Field(
+        500_000_000,
+        description="Elements all-gathered at a time (stages 1-2; stage 3 uses stage3_prefetch_bucket_size).",
+    )
+    overlap_comm: Bool | None = Field(
+        None,
+        description="Overlap gradient reduction with the backward pass. Unset: true at stage 3, false below.",
+    )
+    load_from_fp32_weights: Bool = Field(
+        True, description="Initialise the fp32 master from the checkpoint's fp32 copy."
+    )
+    elastic_checkpoint: Bool = Field(
+        False, description="Load a checkpoint saved with a different world size (stages 1-2)."
+    )
+    round_robin_gradients: Bool = Field(
+        False, description="Stage 1-2 gradient partitioning in round-robin order (CPU offload)."
+    )
+    ignore_unused_parameters: Bool = Field(
+        True, description="Tolerate parameters that get no gradient (stage 2)."
+    )
+    sub_group_size: PosInt = Field(
+        1_000_000_000, description="Elements per optimizer-step tile with offload at stage 3 (ZeRO-Infinity)."
+    )
+    offload_optimizer: OffloadOptimizerConfig = Field(
+        default_factory=OffloadOptimizerConfig, description="Optimizer-state offload (stages 1-3)."
+    )
+    offload_param: OffloadParamConfig = Field(
+        default_factory=OffloadParamConfig, description="Parameter offload (stage 3 only)."
+    )
+    stage3_prefetch_bucket_size: NonNegInt = Field(
+        50_000_000,
+        description='Stage 3: elements of parameters prefetched ahead of use. "auto": int(0.9 * hidden_size^2). '
+        "DeepSpeed's docs say 5e8; its code uses 5e7.",
+    )
+    stage3_param_persistence_threshold: NonNegInt = Field(
+        100_000,
+        description='Stage 3: parameters with fewer elements stay gathered. "auto": 10 * hidden_size.',
+    )
+    stage3_model_persistence_threshold: NonNegInt = Field(
+        2**63 - 1,
+        description="Stage 3: cap on the total elements kept gathered by the persistence threshold.",
+    )
+    stage3_max_live_parameters: NonNegInt = Field(
+        1_000_000_000, description="Stage 3: most gathered parameter elements held at once."
+    )
+    stage3_max_reuse_distance: NonNegInt = Field(
+        1_000_000_000,
+        description="Stage 3: keep a gathered parameter if it is used again within this many elements of fetches.",
+    )
+    stage3_gather_16bit_weights_on_model_save: Bool = Field(
+        False, description="Stage 3: gather the full 16-bit weights when saving the model."
+    )
