@@ -99,13 +99,20 @@ class Placement:
             )
 
     @property
-    def label(self) -> str:
-        parts = [f"stage {self.stage}"]
+    def offload_label(self) -> str:
+        """``-``, ``opt:cpu`` or ``opt:cpu par:nvme``: the compact form the tables print."""
+        parts = []
         if self.offload_optimizer is not Offload.NONE:
-            parts.append(f"optimizer->{self.offload_optimizer.value}")
+            parts.append(f"opt:{self.offload_optimizer.value}")
         if self.offload_param is not Offload.NONE:
-            parts.append(f"params->{self.offload_param.value}")
-        return ", ".join(parts)
+            parts.append(f"par:{self.offload_param.value}")
+        return " ".join(parts) or "-"
+
+    @property
+    def label(self) -> str:
+        """``stage 3`` or ``stage 3, offload opt:cpu par:cpu``."""
+        offload = self.offload_label
+        return f"stage {self.stage}" + ("" if offload == "-" else f", offload {offload}")
 
 
 @dataclass(frozen=True)
