@@ -107,11 +107,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_error(err: ZerorunError) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True, highlight=False)
-    console.print(f"[bold red]error:[/] {err.message}", markup=True, soft_wrap=True)
+    # escape: messages carry brackets of their own ("[rank 0]", "pip install 'zerorun[plot]'")
+    console.print(f"[bold red]error:[/] {escape(err.message)}", markup=True, soft_wrap=True)
     if err.hint:
-        console.print(f"[bold cyan]hint:[/] {err.hint}", markup=True, soft_wrap=True)
+        console.print(f"[bold cyan]hint:[/] {escape(err.hint)}", markup=True, soft_wrap=True)
     if os.environ.get("ZERORUN_DEBUG"):
         import traceback
 
