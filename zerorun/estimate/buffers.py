@@ -24,7 +24,7 @@ class Buckets:
 
     reduce_bucket_size: int = 500_000_000
     allgather_bucket_size: int = 500_000_000
-    overlap_comm: bool = False
+    overlap_comm: bool | None = None  # None: DeepSpeed's default, on at stage 3 only
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
     stage3_param_persistence_threshold: int = 100_000
@@ -37,10 +37,8 @@ class Buckets:
             name: getattr(zero, name, getattr(defaults, name))
             for name in cls.__dataclass_fields__
         }
-        stage = getattr(zero, "stage", 0)
-        if values["overlap_comm"] is None:  # DeepSpeed: on for stage 3 only
-            values["overlap_comm"] = stage == 3
-        return cls(**{k: (bool(v) if k == "overlap_comm" else int(v)) for k, v in values.items()})
+        overlap = values.pop("overlap_comm")
+        return cls(overlap_comm=None if overlap is None else bool(overlap), **{k: int(v) for k, v in values.items()})
 
 
 def buffer_terms(
@@ -48,7 +46,8 @@ def buffer_terms(
 ) -> dict[str, int]:
     """Bytes of each communication buffer one rank holds during a step."""
     psi, nbytes = training.params, training.dtype.nbytes
-    in_flight = 2 if buckets.overlap_comm else 1
+    overlap = placement.stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
+    in_flight = 2 if overlap else 1
     terms = {"reduce_bucket": min(buckets.reduce_bucket_size, psi) * nbytes * in_flight}
     if placement.stage in (1, 2):
         terms["allgather_bucket"] = min(buckets.allgather_bucket_size, psi) * nbytes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,8 @@ def config_facts(path: str | Path | None, *, world_size: int, hidden_size: int |
             cfg = load_config(None, world_size=world_size, hidden_size=hidden_size)
         except ZerorunError:  # the defaults need no batch keys to size buckets
             return ConfigFacts(Buckets())
-        return ConfigFacts(Buckets.from_zero_config(cfg.zero_optimization))
+        # overlap_comm left unset, so that every row gets its own stage's default
+        return ConfigFacts(replace(Buckets.from_zero_config(cfg.zero_optimization), overlap_comm=None))
     cfg = load_config(str(path), world_size=world_size, hidden_size=hidden_size)
     buckets = Buckets.from_zero_config(cfg.zero_optimization)
     return ConfigFacts(buckets, _dtype_of(cfg), _optimizer_of(cfg))
