@@ -75,24 +75,19 @@ def resolve_auto(data: dict[str, Any], *, hidden_size: int | None) -> Resolved:
             continue
         if hidden_size is None:
             del node[last]
-            out.resolved[path] = (
-                f"auto: {formula}, resolved at run time (default until the hidden size is known)"
-            )
-            out.notes.append(
-                Problem(
-                    path,
-                    f'"auto" is resolved at run time from the model\'s hidden size ({formula})',
-                    severity=Severity.NOTE,
-                )
-            )
+            out.resolved[path] = f"{formula} at run time; default until the hidden size is known"
         else:
             node[last] = compute(hidden_size)
-            out.resolved[path] = f"auto: {formula} with hidden_size={hidden_size}"
+            out.resolved[path] = f"{formula}, hidden_size={hidden_size}"
+    pending = [path for path, how in out.resolved.items() if how.endswith("hidden size is known")]
+    if pending:
+        message = '"auto" is resolved at run time from the model\'s hidden size (until then: the defaults)'
+        out.notes.append(Problem(", ".join(pending), message, severity=Severity.NOTE))
     for path in DEFAULTED_AUTO:
         node, last = _node(data, path)
         if node is not None and node.get(last) == AUTO:
             del node[last]
-            out.resolved[path] = "auto: nothing to resolve it from, default used"
+            out.resolved[path] = "nothing to resolve it from; the default"
             out.notes.append(
                 Problem(
                     path, '"auto" has no trainer to fill it in; the default is used', severity=Severity.NOTE

@@ -74,7 +74,7 @@ def _derive_batch(
                         severity=Severity.NOTE,
                     )
                 )
-            return cfg, notes, {key: "auto: at run time" for key in batch_auto}
+            return cfg, notes, {key: "derived at run time" for key in batch_auto}
         plan = resolve_batch(*given, world_size)
     except BatchError as err:
         return cfg, [Problem(err.path, f"{err.message}; {err.hint}")], derived
@@ -87,9 +87,7 @@ def _derive_batch(
             )
         )
     for key in plan.derived:
-        derived[key] = (
-            f"{'auto, ' if key in batch_auto else ''}from the other batch keys and world_size={world_size}"
-        )
+        derived[key] = f"from the other batch keys and world_size={world_size}"
     update = {key: getattr(plan, key) for key in BATCH_KEYS}
     return cfg.model_copy(update=update), notes, derived
 
@@ -130,7 +128,7 @@ def inspect_config(
     by = {severity: [p for p in problems if p.severity is severity] for severity in Severity}
     if by[Severity.ERROR]:
         raise ConfigError(origin, by[Severity.ERROR], warnings=by[Severity.WARNING])
-    auto_paths = {**auto.resolved, **{k: v for k, v in derived.items() if k in auto.batch_auto}}
+    auto_paths = {**auto.resolved, **{key: derived.pop(key) for key in auto.batch_auto if key in derived}}
     provenance = trace(keys.leaves(cfg.model_dump()), given, renamed.renamed, auto_paths, derived)
     return LoadedConfig(
         cfg,

@@ -61,9 +61,10 @@ def _line_of_second(text: str, key: str) -> int | None:
 
 
 def _malformed(origin: str, line: int | None, column: int | None, message: str, kind: str) -> ConfigError:
-    where = f"line {line}, column {column}" if column else (f"line {line}" if line else "")
-    text = f"{kind}: {message}" + (f" at {where}" if where else "")
-    return ConfigError(origin, [Problem("", text)], hint=f"fix the {kind.split()[0]} syntax at that position")
+    where = f"line {line}, column {column}" if line and column else (f"line {line}" if line else "")
+    text = f"malformed {kind}" + (f" at {where}" if where else "") + f": {message}"
+    hint = f"fix the {kind} syntax" + (f" at {where}" if where else "")
+    return ConfigError(origin, [Problem("", text)], hint=hint)
 
 
 def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
@@ -78,14 +79,14 @@ def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
         problem = Problem("", f"duplicate key {dup.key!r}{where}; the later value would silently win")
         raise ConfigError(origin, [problem], hint=f"keep one {dup.key!r} in that block") from None
     except json.JSONDecodeError as err:
-        raise _malformed(origin, err.lineno, err.colno, err.msg, "malformed JSON") from None
+        raise _malformed(origin, err.lineno, err.colno, err.msg, "JSON") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
         message = " ".join(part for part in (err.context, err.problem) if part)
-        raise _malformed(origin, line, column, message, "malformed YAML") from None
+        raise _malformed(origin, line, column, message, "YAML") from None
     except yaml.YAMLError as err:
-        raise _malformed(origin, None, None, str(err), "malformed YAML") from None
+        raise _malformed(origin, None, None, str(err), "YAML") from None
 
 
 def read_source(source: str | Path | dict[str, Any] | None) -> tuple[dict[str, Any], str]:
