@@ -124,9 +124,9 @@ def print_estimate(est: Estimate, console: Console, notes: list[str]) -> None:
     console.print(estimate_table(est))
     rec = est.recommendation
     if rec.row is not None:
-        console.print(f"[bold green]recommended:[/] {rec.reason}")
+        console.print(f"[bold green]recommended:[/] {rec.reason}", soft_wrap=True)
     else:
-        console.print(f"[bold yellow]no recommendation:[/] {rec.reason}")
+        console.print(f"[bold yellow]no recommendation:[/] {rec.reason}", soft_wrap=True)
     console.print(bars(est))
     console.print(legend(est))
     for note in notes:
