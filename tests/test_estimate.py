@@ -89,7 +89,7 @@ def test_fp32_gradient_copy_gives_deepspeeds_18_bytes() -> None:
 def test_shards_are_padded_like_the_engine() -> None:
     states = model_states(Training(10, 4), Placement(3))
     assert states.params == 3 * 2  # ceil(10 / 4) elements of 2 bytes
-    assert engine_breakdown(3, "bf16", "adam", 4, 10) == {
+    assert engine_breakdown(3, "bf16", "adam", 4, 10, fp32_gradient_shard=False) == {
         "params": 6, "gradients": 6, "master_params": 12, "optimizer_states": 24, "buffers": 0,
     }
 
@@ -98,7 +98,9 @@ def test_engine_breakdown_stage_by_stage() -> None:
     psi, n = 1000, 2
     got = [engine_breakdown(s, Dtype.FP16, Optimizer.ADAM, n, psi) for s in range(4)]
     assert [g["params"] for g in got] == [2000, 2000, 2000, 1000]
-    assert [g["gradients"] for g in got] == [2000, 2000, 1000, 1000]
+    assert [g["gradients"] for g in got] == [2000, 2000, 2000, 2000]  # the engine's fp32 gradient shard
+    paper = [engine_breakdown(s, Dtype.FP16, Optimizer.ADAM, n, psi, fp32_gradient_shard=False) for s in range(4)]
+    assert [g["gradients"] for g in paper] == [2000, 2000, 1000, 1000]
     assert [g["master_params"] for g in got] == [4000, 2000, 2000, 2000]
     assert [g["optimizer_states"] for g in got] == [8000, 4000, 4000, 4000]
 

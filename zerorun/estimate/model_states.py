@@ -176,17 +176,22 @@ def engine_breakdown(
     params: int,
     *,
     buffers: int = 0,
+    fp32_gradient_shard: bool = True,
 ) -> dict[str, int]:
     """The estimate in the five keys of ``engine.memory_breakdown()``, for a direct comparison.
 
-    ``buffers`` is passed through: what counts as a buffer depends on the engine's bucket
-    settings (see ``buffers.buffer_terms`` for the estimate of those).
+    zerorun's engine accumulates the sharded gradient (stages 2 and 3) in fp32, as
+    DeepSpeed does: 4 bytes per shard element where the paper counts 2 (so its stage 2
+    holds 2Ψ + 16Ψ/N with bf16 and Adam). ``fp32_gradient_shard=False`` gives the
+    paper's layout. ``buffers`` is passed through: what counts as a buffer depends on
+    the engine's bucket settings (``buffers.buffer_terms`` estimates those).
     """
     training = Training(params, world_size, Dtype(dtype), Optimizer(optimizer))
     states = model_states(training, Placement(stage))
+    gradients = training.shard(True) * 4 if fp32_gradient_shard and stage >= 2 else states.gradients
     return {
         "params": states.params,
-        "gradients": states.gradients,
+        "gradients": gradients,
         "master_params": states.master_params,
         "optimizer_states": states.optimizer_states,
         "buffers": buffers,
