@@ -1,10 +1,134 @@
-"""`zerorun print-config FILE`: the fully resolved config."""
+"""`zerorun print-config FILE`: the fully resolved config, every default filled in."""
 
 from __future__ import annotations
 
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from zerorun.commands.validate import HiddenSizeOption, WorldSizeOption
+from zerorun.config import inspect_config
+from zerorun.config.load import LoadedConfig
+from zerorun.config.render import rows, to_json, to_yaml
+from zerorun.config.templates import template_names, template_path
 from zerorun.errors import ZerorunError
 
 
-def command() -> None:
-    """Print the fully resolved config."""
-    raise ZerorunError("`zerorun print-config` is not built yet")
+class Format(str, Enum):
+    """Output formats of print-config."""
+
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+_SOURCE_STYLE = {
+    "file": "green",
+    "default": "dim",
+    "auto": "magenta",
+    "derived": "cyan",
+    "deprecated alias": "yellow",
+}
+
+
+def _table(loaded: LoadedConfig, changed_only: bool, docs: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{loaded.origin} (resolved)", title_justify="left", show_lines=False)
+    columns = [("key", "bold"), ("value", None), ("source", None)] + (
+        [("description", "dim")] if docs else []
+    )
+    for name, style in columns:
+        table.add_column(name, style=style, overflow="fold", no_wrap=name == "key")
+    for row in rows(loaded):
+        if changed_only and row.source == "default":
+            continue
+        style = _SOURCE_STYLE.get(row.source.split(" (")[0], "")
+        source = f"[{style}]{row.source}[/]" if style else row.source
+        table.add_row(row.key, row.value, source, *([row.description] if docs else []))
+    Console(highlight=False).print(table)
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    output.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {output}", err=True)
+
+
+def command(
+    file: Annotated[
+        Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False)
+    ] = None,
+    world_size: WorldSizeOption = None,
+    hidden_size: HiddenSizeOption = None,
+    fmt: Annotated[
+        Format,
+        typer.Option("--format", "-f", help="table: values with their source; json/yaml: machine-readable."),
+    ] = Format.table,
+    changed: Annotated[
+        bool, typer.Option("--changed", help="Table: hide the keys left at their defaults.")
+    ] = False,
+    docs: Annotated[
+        bool, typer.Option("--docs", help="Table: add a column with what each key means.")
+    ] = False,
+    template: Annotated[
+        str | None,
+        typer.Option(
+            "--template", "-t", help=f"Print a ready template instead: {', '.join(template_names())}."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the fully resolved config: every default filled in, "auto" resolved.
+
+    The table shows each key's value and where it came from (file, default, auto,
+    derived, deprecated alias); --docs adds what each key means.
+
+    JSON and YAML are the same config as data: they validate and load to the same
+    values. --template NAME prints one of the ready, commented templates.
+
+    Examples:
+
+      zerorun print-config ds_config.json --world-size 8
+
+      zerorun print-config hf_zero3.json -w 16 --hidden-size 4096 --changed
+
+      zerorun print-config templates/zero2.yaml --docs
+
+      zerorun print-config ds_config.json --format json > resolved.json
+
+      zerorun print-config --template zero3 -o ds.yaml
+    """
+    if template is not None:
+        if file is not None:
+            raise ZerorunError(
+                "give a FILE or --template, not both", hint="zerorun print-config --template zero3"
+            )
+        _write(template_path(template).read_text(encoding="utf-8"), output)
+        return
+    if file is None:
+        raise ZerorunError(
+            "no config file given", hint="zerorun print-config ds_config.json (or --template zero2)"
+        )
+    loaded = inspect_config(file, world_size=world_size, hidden_size=hidden_size)
+    for problem in (*loaded.warnings, *loaded.notes):
+        label = "warning" if problem in loaded.warnings else "note"
+        typer.echo(f"{label}: {problem.render(loaded.origin)}", err=True)
+    if fmt is Format.table and output is None:
+        _table(loaded, changed, docs)
+    else:
+        _write(
+            to_json(loaded)
+            if fmt is Format.json
+            else to_yaml(loaded)
+            if fmt is Format.yaml
+            else to_json(loaded),
+            output,
+        )

@@ -22,7 +22,7 @@ def to_json(loaded: LoadedConfig) -> str:
 
 
 def to_yaml(loaded: LoadedConfig) -> str:
-    return yaml.safe_dump(to_data(loaded), sort_keys=False, default_flow_style=None)
+    return yaml.safe_dump(to_data(loaded), sort_keys=False, default_flow_style=False)
 
 
 @dataclass(frozen=True)
