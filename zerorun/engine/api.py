@@ -1,0 +1,166 @@
+"""``zerorun.initialize`` and ``zerorun.add_config_arguments``: DeepSpeed's entry points.
+
+A DeepSpeed script ports by changing its import::
+
+    engine, optimizer, dataloader, lr_scheduler = zerorun.initialize(
+        model=model, model_parameters=model.parameters(), config="ds_config.json")
+
+Without ``config`` the engine uses the file the launcher passed: ``args.deepspeed_config``
+/ ``args.config`` when ``args`` is given, else the ``ZERORUN_CONFIG`` environment
+variable (set by ``zerorun --config FILE``), else a ``--config`` / ``--deepspeed_config``
+flag in ``sys.argv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine import precision as precision_mod
+from zerorun.engine.bootstrap import init_distributed
+from zerorun.engine.build import build_parts
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.dataloader import build_dataloader
+from zerorun.engine.engine import Engine
+from zerorun.engine.errors import EngineError
+from zerorun.engine.grad_sync import ReducePolicy
+from zerorun.engine.optim_factory import build_optimizer
+from zerorun.engine.schedulers import build_scheduler
+from zerorun.engine.stages import policy_for_stage
+
+CONFIG_ENV = "ZERORUN_CONFIG"
+_FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--deepspeed``, ``--deepspeed_config`` and ``--config`` (as DeepSpeed's helper does)."""
+    group = parser.add_argument_group("zerorun", "zerorun / DeepSpeed configuration")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="enable the engine (accepted for DeepSpeed compatibility; always on)")
+    group.add_argument("--deepspeed_config", "--config", dest="deepspeed_config", default=None, type=str,
+                       help="engine config file (JSON or YAML, DeepSpeed keys)")
+    group.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                       help="set by launchers that pass it as a flag")
+    return parser
+
+
+def _config_from_argv(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        for flag in _FLAGS:
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def resolve_config_source(config: Any, args: Any = None) -> Any:
+    """The config to load: explicit > ``args`` > ``$ZERORUN_CONFIG`` > ``--config`` in sys.argv."""
+    if config is not None:
+        return config
+    for attr in ("deepspeed_config", "config"):
+        value = getattr(args, attr, None) if args is not None else None
+        if isinstance(value, (str, Path, dict)):
+            return value
+    if os.environ.get(CONFIG_ENV):
+        return os.environ[CONFIG_ENV]
+    found = _config_from_argv(sys.argv[1:])
+    if found is not None:
+        return found
+    raise EngineError("no engine config was given",
+                      "pass config=PATH_OR_DICT to zerorun.initialize, run with --config FILE, "
+                      f"or launch with `zerorun --config FILE` (which sets {CONFIG_ENV})")
+
+
+def _hidden_size(model: nn.Module) -> int | None:
+    value = getattr(getattr(model, "config", None), "hidden_size", None)
+    return value if isinstance(value, int) else None
+
+
+def _make_optimizer(cfg: Any, optimizer: Any, model: nn.Module, model_parameters: Any) -> torch.optim.Optimizer:
+    from zerorun.config import check_client_optimizer
+
+    client = optimizer is not None
+    if client and not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
+        params = model_parameters if model_parameters is not None else model.parameters()
+        optimizer = optimizer(params)
+    check_client_optimizer(cfg, client, type(optimizer).__name__ if client else None)
+    if client:
+        return optimizer
+    if cfg.optimizer is None:
+        raise EngineError("no optimizer: the config has no `optimizer` block and initialize() got none",
+                          'add e.g. optimizer: {type: AdamW, params: {lr: 1e-4}} to the config, '
+                          "or pass optimizer= to initialize()")
+    params: Iterable[Any] = model_parameters if model_parameters is not None else model.parameters()
+    return build_optimizer(cfg.optimizer.type, dict(cfg.optimizer.params), params)
+
+
+def _make_scheduler(cfg: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    if lr_scheduler is not None:
+        is_object = hasattr(lr_scheduler, "step")
+        return lr_scheduler if is_object else lr_scheduler(optimizer)
+    if cfg.scheduler is None:
+        return None
+    return build_scheduler(cfg.scheduler.type, dict(cfg.scheduler.params), optimizer)
+
+
+def _check_supported(cfg: Any) -> None:
+    zero = cfg.zero_optimization
+    for name in ("offload_optimizer", "offload_param"):
+        device = getattr(getattr(zero, name, None), "device", "none")
+        if device not in (None, "none"):
+            raise EngineError(f"zero_optimization.{name}.device={device!r} is not available in this engine yet",
+                              f"remove zero_optimization.{name} (or set its device to none)")
+
+
+def initialize(model: nn.Module | None = None, optimizer: Any = None, model_parameters: Any = None,
+               config: str | Path | dict[str, Any] | None = None, lr_scheduler: Any = None,
+               training_data: Any = None, collate_fn: Callable[..., Any] | None = None,
+               dist_init_required: bool | None = None, *, args: Any = None, config_params: Any = None,
+               mpu: Any = None) -> tuple[Engine, torch.optim.Optimizer, Any, Any]:
+    """Build the ZeRO engine. Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+
+    ``model``: the ``nn.Module`` to train (moved to this rank's device). ``optimizer``: a
+    torch optimizer (or a callable taking parameters) - else the config's ``optimizer``
+    block is built over ``model_parameters`` (default: all of the model's). ``config``:
+    a path (JSON/YAML) or a dict with DeepSpeed's keys. ``lr_scheduler``: an object with
+    ``step()`` or a callable taking the optimizer - else the config's ``scheduler``.
+    ``training_data``: a dataset; a DistributedSampler-backed DataLoader of the micro
+    batch size is returned for it. A default process group that already exists is reused.
+    """
+    if isinstance(model, argparse.Namespace):  # DeepSpeed's positional order is (args, model, ...)
+        args, model, optimizer, model_parameters = model, optimizer, model_parameters, None
+    if model is None:
+        raise EngineError("initialize() needs model=", "pass the nn.Module to train: initialize(model=model, ...)")
+    if mpu is not None:
+        raise EngineError("model parallelism (mpu=) is not supported", "drop mpu=; the engine is data-parallel")
+    from zerorun.config import load_config
+
+    ctx = init_distributed()
+    source = resolve_config_source(config if config is not None else config_params, args)
+    cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
+    _check_supported(cfg)
+    stage = policy_for_stage(cfg.zero_optimization.stage)
+    precision = precision_mod.from_config(cfg)
+    model.to(ctx.device)
+    opt = _make_optimizer(cfg, optimizer, model, model_parameters)
+    coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+    zero = cfg.zero_optimization
+    reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
+                          predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
+                          overlap_comm=bool(zero.overlap_comm))
+    parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce)
+    scheduler = _make_scheduler(cfg, lr_scheduler, opt)
+    engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
+    loader = None
+    if training_data is not None:
+        loader = build_dataloader(training_data, engine.train_micro_batch_size_per_gpu(), ctx.rank,
+                                  ctx.world_size, collate_fn)
+    return engine, opt, loader, scheduler

@@ -1,0 +1,128 @@
+"""Flat, padded parameter buckets: the one storage mechanism every ZeRO stage uses.
+
+Parameters are packed in a fixed order into 1-D buckets of about ``bucket_size``
+elements (a parameter is never split across buckets), each padded to a multiple of the
+world size so that rank ``r`` owns the contiguous chunk ``r`` of every bucket. Each
+parameter's ``.data`` becomes a view into its bucket, so an all-gather of a bucket
+updates the module in place.
+
+The order is the reverse of registration order (roughly the order gradients become
+ready in backward), so the first bucket to fill during backward is the first reduced.
+A bucket owns an arbitrary list of parameters, so a later stage 3 can make one bucket
+per module unit and shard/gather it with the same shard ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one parameter lives inside its bucket."""
+
+    offset: int
+    numel: int
+    shape: torch.Size
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Pure layout of one bucket: which parameters (indices into the group's list), where, padded size."""
+
+    group_index: int
+    param_indices: tuple[int, ...]
+    slots: tuple[Slot, ...]
+    padded_numel: int
+
+    @property
+    def numel(self) -> int:
+        return sum(s.numel for s in self.slots)
+
+    def shard_numel(self, world_size: int) -> int:
+        return self.padded_numel // world_size
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def plan_buckets(shapes: list[torch.Size], bucket_size: int, world_size: int,
+                 group_index: int = 0) -> list[BucketPlan]:
+    """Cut the parameters of one optimizer group (given by shape, in registration order) into buckets.
+
+    Parameters are visited in reverse order; a bucket is closed when adding the next
+    parameter would exceed ``bucket_size`` elements (a larger parameter gets a bucket
+    of its own). Every bucket is padded to a multiple of ``world_size``.
+    """
+    if bucket_size < 1:
+        raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+    plans: list[BucketPlan] = []
+    indices: list[int] = []
+    slots: list[Slot] = []
+    offset = 0
+
+    def close() -> None:
+        nonlocal indices, slots, offset
+        if indices:
+            plans.append(BucketPlan(group_index, tuple(indices), tuple(slots), round_up(offset, world_size)))
+        indices, slots, offset = [], [], 0
+
+    for i in reversed(range(len(shapes))):
+        n = shapes[i].numel()
+        if indices and offset + n > bucket_size:
+            close()
+        indices.append(i)
+        slots.append(Slot(offset, n, shapes[i]))
+        offset += n
+    close()
+    return plans
+
+
+class FlatBucket:
+    """One bucket's flat parameter buffer; its parameters are views into it."""
+
+    def __init__(self, plan: BucketPlan, params: list[nn.Parameter], world_size: int, rank: int) -> None:
+        self.plan = plan
+        self.params = params
+        self.world_size = world_size
+        self.rank = rank
+        dtype, device = params[0].dtype, params[0].device
+        self.data = torch.zeros(plan.padded_numel, dtype=dtype, device=device)
+        with torch.no_grad():
+            for p, slot in zip(params, plan.slots, strict=True):
+                self.data.narrow(0, slot.offset, slot.numel).copy_(p.detach().reshape(-1))
+        self.bind()
+
+    @property
+    def shard_numel(self) -> int:
+        return self.plan.padded_numel // self.world_size
+
+    @property
+    def shard_offset(self) -> int:
+        return self.rank * self.shard_numel
+
+    def bind(self) -> None:
+        """Point every parameter's ``.data`` at its view of the flat buffer."""
+        for p, slot in zip(self.params, self.plan.slots, strict=True):
+            p.data = self.view(self.data, slot)
+
+    def cast_(self, dtype: torch.dtype) -> None:
+        """Re-create the buffer in ``dtype`` (the compute copy) and re-bind the parameters."""
+        if self.data.dtype != dtype:
+            self.data = self.data.to(dtype)
+            self.bind()
+
+    @staticmethod
+    def view(flat: torch.Tensor, slot: Slot) -> torch.Tensor:
+        return flat.narrow(0, slot.offset, slot.numel).view(slot.shape)
+
+    def shard(self, flat: torch.Tensor) -> torch.Tensor:
+        """This rank's chunk of any flat tensor laid out like this bucket."""
+        return flat.narrow(0, self.shard_offset, self.shard_numel)
+
+    def grad_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [self.view(flat, s) for s in self.plan.slots]

@@ -1,0 +1,201 @@
+"""The Engine: DeepSpeed's training-loop surface over the shared ZeRO mechanism.
+
+    loss = criterion(engine(x), y)
+    engine.backward(loss)   # scaled by the loss scale and 1/gradient_accumulation_steps
+    engine.step()           # steps the optimizer on the accumulation boundary only
+
+The engine holds the parts (buckets, master shards, gradient sync) and sequences them;
+it never asks which ZeRO stage it runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine import figures, loss_scaler
+from zerorun.engine.bootstrap import DistContext
+from zerorun.engine.build import Parts
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
+from zerorun.engine.precision import PrecisionPolicy
+from zerorun.engine.shard import optimizer_state_bytes
+from zerorun.engine.stages import StagePolicy
+
+
+class NonFiniteGradientWarning(RuntimeWarning):
+    """A bf16/fp32 step saw an inf/nan loss or gradient and was skipped."""
+
+
+def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
+    if torch.is_tensor(obj):
+        return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cast_inputs(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_inputs(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+class Engine:
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: Any,
+                 ctx: DistContext, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
+                 parts: Parts) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = config
+        self.ctx = ctx
+        self.coll = coll
+        self.stage = stage
+        self.precision = precision
+        self.parts = parts
+        self.scaler = loss_scaler.initial_state(precision.scaler)
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.skipped_steps = 0
+        self._grad_norm: float | None = None
+        self._last_loss: torch.Tensor | None = None
+        self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
+
+    # ---- the training loop -------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module; floating-point inputs are cast to the compute dtype (fp16/bf16)."""
+        dtype = self.precision.compute_dtype
+        if dtype != torch.float32:
+            args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""
+        self._last_loss = loss.detach()
+        factor = self.scaler.scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
+        sync = self.parts.grad_sync
+        sync.prepare_backward(self.is_gradient_accumulation_boundary())
+        (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+        sync.finish_backward()
+        return loss
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """Count a micro-step; on the accumulation boundary, take the optimizer step."""
+        if self.is_gradient_accumulation_boundary():
+            self._optimizer_step()
+        self.micro_steps += 1
+
+    def _optimizer_step(self) -> None:
+        parts, scale = self.parts, self.scaler.scale
+        owned = parts.grad_sync.owned_grads()
+        norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
+        overflow = not torch.isfinite(torch.tensor(norm_sq)).item()
+        if overflow:
+            self.skipped_steps += 1
+            self._grad_norm = None
+            if not self.precision.scaler.dynamic:
+                warnings.warn(f"[rank {self.ctx.rank}] step {self.global_steps}: the loss or a gradient is "
+                              f"inf/nan in {self.precision.name}; the optimizer step is skipped on every rank "
+                              "(check the learning rate, the inputs and the loss)",
+                              NonFiniteGradientWarning, stacklevel=3)
+        else:
+            self._grad_norm = norm_sq ** 0.5 / scale
+            parts.masters.set_grads(owned, clip_multiplier(norm_sq, scale, self.config.gradient_clipping))
+            self.optimizer.step()
+            parts.masters.clear_grads()
+            parts.masters.publish(self.coll)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        self.scaler = loss_scaler.update(self.scaler, self.precision.scaler, overflow)
+        parts.grad_sync.zero()
+        self.global_steps += 1
+        self.throughput.tick()
+        self._report()
+
+    def _report(self) -> None:
+        every = self.config.steps_per_print
+        if self.ctx.rank != 0 or not every or self.global_steps % every:
+            return
+        loss = float(self._last_loss) if self._last_loss is not None else None
+        line = figures.format_progress(self.global_steps, loss, self.get_lr(), self.throughput.rates(),
+                                       self.loss_scale, self.skipped_steps)
+        print(f"[zerorun] {line}", flush=True)
+
+    # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
+    def zero_grad(self) -> None:
+        self.parts.grad_sync.zero()
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def gradient_accumulation_steps(self) -> int:
+        return int(self.config.gradient_accumulation_steps)
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return int(self.config.train_micro_batch_size_per_gpu)
+
+    def train_batch_size(self) -> int:
+        return int(self.config.train_batch_size)
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._grad_norm
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale
+
+    @property
+    def zero_stage(self) -> int:
+        return self.stage.stage
+
+    @property
+    def local_rank(self) -> int:
+        return self.ctx.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    def train(self, mode: bool = True) -> Engine:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> Engine:
+        return self.train(False)
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.module.state_dict(*args, **kwargs)
+
+    def set_sequence_length(self, tokens_per_sample: int) -> None:
+        """Report tokens/s too (tokens per sample = the sequence length)."""
+        self.throughput.tokens_per_sample = tokens_per_sample
+
+    # ---- figures ------------------------------------------------------------------------------
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes of model state this rank holds; see :mod:`zerorun.engine.figures` for each key."""
+        parts = self.parts
+        grads, buffers = parts.grad_sync.held_bytes()
+        params = sum(b.data.numel() * b.data.element_size() for b in parts.buckets)
+        return figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
+                                        optimizer_state_bytes(self.optimizer), buffers)
+
+    def comm_stats(self) -> dict[str, dict[str, int | str]]:
+        """Calls, bytes and elements per collective kind since the engine started."""
+        return self.coll.counter.snapshot()
+
+    def num_parameters(self) -> int:
+        """Trainable parameters managed by the engine (without padding)."""
+        return sum(b.plan.numel for b in self.parts.buckets)

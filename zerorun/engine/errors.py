@@ -1,0 +1,14 @@
+"""Errors raised by the engine. Each names what went wrong and how to fix it."""
+
+from __future__ import annotations
+
+from zerorun.errors import ZerorunError
+
+
+class EngineError(ZerorunError):
+    """A user-fixable problem found while building or running the engine."""
+
+
+def rank_prefixed(rank: int, message: str) -> str:
+    """Errors inside ranks start with ``[rank N]`` so a launcher's merged log shows who failed."""
+    return f"[rank {rank}] {message}"

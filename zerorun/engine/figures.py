@@ -1,0 +1,70 @@
+"""The figures the engine reports: memory held per rank, communication, throughput.
+
+Tests, the benchmark, ``estimate`` and ``autotune`` read these same numbers.
+
+``memory_breakdown`` keys (int bytes held by this rank):
+  * ``params``: the compute copies of the parameters (the flat buckets, padding included);
+  * ``gradients``: gradient storage that persists through backward (full buffers at
+    stages 0/1; the fp32 accumulation shard at stage 2);
+  * ``master_params``: fp32 master weights held *in addition* to ``params``
+    (0 with fp32 compute, where the master is the parameter buffer itself);
+  * ``optimizer_states``: the optimizer's state tensors (e.g. Adam's two moments);
+  * ``buffers``: communication buffers (stage-2 staging buckets).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+MEMORY_KEYS = ("params", "gradients", "master_params", "optimizer_states", "buffers")
+
+
+def memory_breakdown(params: int, gradients: int, master_params: int, optimizer_states: int,
+                     buffers: int) -> dict[str, int]:
+    return {"params": int(params), "gradients": int(gradients), "master_params": int(master_params),
+            "optimizer_states": int(optimizer_states), "buffers": int(buffers)}
+
+
+@dataclass
+class Throughput:
+    """Samples (and tokens) per second between optimizer steps, reported every ``interval`` steps."""
+
+    samples_per_step: int
+    tokens_per_sample: int | None = None
+    _t_last: float = field(default_factory=time.perf_counter)
+    _steps: int = 0
+    _elapsed: float = 0.0
+    last_step_s: float = 0.0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.last_step_s = now - self._t_last
+        self._elapsed += self.last_step_s
+        self._steps += 1
+        self._t_last = now
+
+    def rates(self) -> dict[str, float]:
+        """Mean rates since the last ``reset`` (then starts a new window)."""
+        secs = max(self._elapsed, 1e-12)
+        out = {"step_s": secs / max(self._steps, 1),
+               "samples_per_s": self._steps * self.samples_per_step / secs}
+        if self.tokens_per_sample:
+            out["tokens_per_s"] = out["samples_per_s"] * self.tokens_per_sample
+        self._steps, self._elapsed = 0, 0.0
+        return out
+
+
+def format_progress(step: int, loss: float | None, lr: list[float], rates: dict[str, float],
+                    loss_scale: float, skipped: int) -> str:
+    parts = [f"step {step}"]
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    parts.append("lr " + ",".join(f"{x:.3g}" for x in lr))
+    parts.append(f"{rates['samples_per_s']:.1f} samples/s")
+    if "tokens_per_s" in rates:
+        parts.append(f"{rates['tokens_per_s']:.0f} tokens/s")
+    parts.append(f"{rates['step_s'] * 1000:.0f} ms/step")
+    if loss_scale != 1.0 or skipped:
+        parts.append(f"loss_scale {loss_scale:g} skipped {skipped}")
+    return " | ".join(parts)

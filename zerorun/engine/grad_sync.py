@@ -1,0 +1,228 @@
+"""Gradient synchronisation strategies: how each stage turns local gradients into owned, reduced ones.
+
+All strategies share the same flow, driven by post-accumulate-grad hooks:
+``prepare_backward(sync)`` -> hooks call ``on_grad_ready`` as gradients land -> a
+bucket whose parameters are all ready is launched (asynchronously) -> the engine calls
+``finish_backward()`` which launches leftover buckets (parameters unused in forward) in
+bucket order and waits for everything. After the boundary micro-step
+``owned_grads()`` gives, per bucket, the reduced gradient chunk this rank steps.
+
+* :class:`BucketGradSync` with ``scatter=False`` (stage 0): full gradient buffers
+  (``param.grad`` is a view into them, so autograd accumulates micro-steps in place),
+  an all-reduce per bucket on the boundary micro-step only.
+* :class:`BucketGradSync` with ``scatter=True`` (stage 1): same buffers, a
+  reduce-scatter per bucket on the boundary micro-step; the rank owns its chunk.
+* :class:`PartitionedGradSync` (stage 2): no full gradient buffers. Each gradient is
+  copied into a bucket-sized staging buffer and freed; a full bucket is reduce-scattered
+  on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
+  fp32 shard. ``overlap_comm`` keeps two staging buffers so backward fills one while the
+  other is in flight.
+
+Averaging: gradients are multiplied by ``1/predivide`` before the reduction and by
+``predivide/world`` after it (DeepSpeed's ``gradient_predivide_factor``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from zerorun.engine.buckets import FlatBucket
+from zerorun.engine.collectives import Collectives, Pending
+
+
+@dataclass(frozen=True)
+class ReducePolicy:
+    """How gradients are reduced (from the config)."""
+
+    comm_dtype: torch.dtype | None  # None: the gradients' own dtype
+    predivide: float = 1.0
+    overlap_comm: bool = True
+
+
+class _Tracker:
+    """Counts ready parameters per bucket within one backward pass."""
+
+    def __init__(self, buckets: list[FlatBucket]) -> None:
+        self.sizes = [len(b.params) for b in buckets]
+        self.ready = [0] * len(buckets)
+        self.launched = [False] * len(buckets)
+
+    def reset(self) -> None:
+        self.ready = [0] * len(self.sizes)
+        self.launched = [False] * len(self.sizes)
+
+    def mark(self, index: int) -> bool:
+        """Record one ready parameter; True when the bucket just became complete."""
+        self.ready[index] += 1
+        return self.ready[index] == self.sizes[index]
+
+
+class GradSyncBase:
+    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
+        self.buckets = buckets
+        self.coll = coll
+        self.policy = policy
+        self.tracker = _Tracker(buckets)
+        self.inflight: deque[Pending] = deque()
+        self.sync = True
+        self.pre = 1.0 / policy.predivide
+        self.post = policy.predivide / coll.world_size
+
+    def prepare_backward(self, sync: bool) -> None:
+        self.sync = sync
+        self.tracker.reset()
+
+    def on_grad_ready(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        self._absorb(bucket_index, slot_index, param)
+        if self.tracker.mark(bucket_index) and self._reduces_now():
+            self._launch(bucket_index)
+
+    def finish_backward(self) -> None:
+        if self._reduces_now():
+            for i in range(len(self.buckets)):
+                if not self.tracker.launched[i]:
+                    self._launch(i)
+        while self.inflight:
+            self.inflight.popleft().wait()
+
+    def _reduces_now(self) -> bool:
+        return self.sync
+
+    def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _launch(self, bucket_index: int) -> None:
+        raise NotImplementedError
+
+    def _reduce(self, flat: torch.Tensor, scatter: bool, then) -> Pending:
+        """Pre-scale, cast to the communication dtype if needed, reduce, and hand the result to ``then``."""
+        comm = flat if self.policy.comm_dtype in (None, flat.dtype) else flat.to(self.policy.comm_dtype)
+        if self.pre != 1.0:
+            comm.mul_(self.pre)
+        op = self.coll.reduce_scatter if scatter else self.coll.all_reduce
+        pending = op(comm, async_op=self.policy.overlap_comm)
+        pending._then = lambda: then(comm)
+        if not self.policy.overlap_comm:
+            pending.wait()
+        else:
+            self.inflight.append(pending)
+        return pending
+
+
+class BucketGradSync(GradSyncBase):
+    """Stages 0 and 1: full gradient buffers, reduced once per optimizer step."""
+
+    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy,
+                 scatter: bool) -> None:
+        super().__init__(buckets, coll, policy)
+        self.scatter = scatter
+        self.grads = [torch.zeros_like(b.data) for b in buckets]
+        self.views = [b.grad_views(g) for b, g in zip(buckets, self.grads, strict=True)]
+        self.attach_views()
+
+    def attach_views(self) -> None:
+        """Make each ``param.grad`` a view of its bucket's gradient buffer (accumulated in place)."""
+        for b, views in zip(self.buckets, self.views, strict=True):
+            for p, v in zip(b.params, views, strict=True):
+                p.grad = v
+
+    def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        view = self.views[bucket_index][slot_index]
+        if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+            # the user reset .grad (e.g. model.zero_grad()): fold the new gradient back into the buffer
+            view.add_(param.grad)
+            param.grad = view
+
+    def _launch(self, bucket_index: int) -> None:
+        self.tracker.launched[bucket_index] = True
+        flat = self.grads[bucket_index]
+        bucket = self.buckets[bucket_index]
+
+        def done(comm: torch.Tensor) -> None:
+            target = bucket.shard(flat) if self.scatter else flat
+            if comm is not flat:
+                target.copy_(bucket.shard(comm) if self.scatter else comm)
+            target.mul_(self.post)
+
+        self._reduce(flat, self.scatter, done)
+
+    def owned_grads(self) -> list[torch.Tensor]:
+        return [b.shard(g) if self.scatter else g for b, g in zip(self.buckets, self.grads, strict=True)]
+
+    def zero(self) -> None:
+        for g in self.grads:
+            g.zero_()
+        self.attach_views()
+
+    def held_bytes(self) -> tuple[int, int]:
+        """(gradient bytes, communication buffer bytes) this rank holds."""
+        return sum(g.numel() * g.element_size() for g in self.grads), 0
+
+
+class PartitionedGradSync(GradSyncBase):
+    """Stage 2: reduce-scatter every micro-step from staging buffers; keep only an fp32 gradient shard."""
+
+    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
+        super().__init__(buckets, coll, policy)
+        self.acc = [torch.zeros(b.shard_numel, dtype=torch.float32, device=b.data.device) for b in buckets]
+        size = max(b.plan.padded_numel for b in buckets)
+        dtype, device = buckets[0].data.dtype, buckets[0].data.device
+        self._new = lambda: torch.empty(size, dtype=dtype, device=device)
+        self.free: list[torch.Tensor] = [self._new() for _ in range(2 if policy.overlap_comm else 1)]
+        self.extra_allocated = 0
+        self.staging: dict[int, torch.Tensor] = {}
+
+    def _reduces_now(self) -> bool:
+        return True  # DeepSpeed's stage 2 reduces on every micro-step
+
+    def _acquire(self, bucket_index: int) -> torch.Tensor:
+        if not self.free and self.inflight:
+            self.inflight.popleft().wait()  # completion returns its buffer to the free list
+        if not self.free:
+            self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
+            self.free.append(self._new())
+        buf = self.free.pop()
+        buf.zero_()
+        self.staging[bucket_index] = buf
+        return buf
+
+    def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        buf = self.staging.get(bucket_index)
+        if buf is None:
+            buf = self._acquire(bucket_index)
+        slot = self.buckets[bucket_index].plan.slots[slot_index]
+        if param.grad is not None:
+            buf.narrow(0, slot.offset, slot.numel).copy_(param.grad.reshape(-1))
+        param.grad = None
+
+    def _launch(self, bucket_index: int) -> None:
+        self.tracker.launched[bucket_index] = True
+        bucket = self.buckets[bucket_index]
+        buf = self.staging.pop(bucket_index, None)
+        if buf is None:
+            buf = self._acquire(bucket_index)
+            self.staging.pop(bucket_index)
+        flat = buf.narrow(0, 0, bucket.plan.padded_numel)
+
+        def done(comm: torch.Tensor) -> None:
+            self.acc[bucket_index].add_(bucket.shard(comm), alpha=self.post)
+            self.free.append(buf)
+
+        self._reduce(flat, True, done)
+
+    def owned_grads(self) -> list[torch.Tensor]:
+        return self.acc
+
+    def zero(self) -> None:
+        for a in self.acc:
+            a.zero_()
+
+    def held_bytes(self) -> tuple[int, int]:
+        grads = sum(a.numel() * a.element_size() for a in self.acc)
+        n_buffers = len(self.free) + len(self.staging) + len(self.inflight)
+        buf = self.free[0] if self.free else None
+        per = buf.numel() * buf.element_size() if buf is not None else 0
+        return grads, n_buffers * per

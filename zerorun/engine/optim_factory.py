@@ -1,0 +1,46 @@
+"""Optimizers named in the config (``optimizer.type`` / ``optimizer.params``), built from torch.optim.
+
+DeepSpeed's parameter names are accepted (``lr``, ``betas``, ``eps``, ``weight_decay``,
+``momentum``...). The optimizer is first built over the module's parameters; the engine
+then re-points its parameter groups at the flat fp32 master tensors
+(:meth:`MasterShards.bind_optimizer`), so foreach kernels step a few large tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from zerorun.engine.errors import EngineError
+
+_CLASSES: dict[str, type[torch.optim.Optimizer]] = {
+    name.lower(): cls for name, cls in vars(torch.optim).items()
+    if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+}
+# DeepSpeed-only keys that torch's constructors do not take; ignored here with a reason.
+_DROPPED = {"torch_adam", "adam_w_mode", "bias_correction"}
+
+
+def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: Iterable[Any]) -> torch.optim.Optimizer:
+    cls = _CLASSES.get(type_name.lower())
+    if cls is None:
+        raise EngineError(f"optimizer.type {type_name!r} is not supported by the engine",
+                          "use a torch.optim class name such as Adam, AdamW or SGD, "
+                          "or pass your own optimizer to initialize(optimizer=...)")
+    kwargs = {k: v for k, v in params.items() if k not in _DROPPED}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if type_name.lower() == "adam" and params.get("adam_w_mode"):
+        cls = torch.optim.AdamW
+    params_list = list(model_parameters)
+    try:
+        return cls(params_list, **{"foreach": True, **kwargs})
+    except TypeError:
+        pass  # this optimizer class has no foreach option
+    try:
+        return cls(params_list, **kwargs)
+    except TypeError as e:
+        raise EngineError(f"optimizer.params for {type_name}: {e}",
+                          f"use the parameter names of torch.optim.{cls.__name__}") from e

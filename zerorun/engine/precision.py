@@ -1,0 +1,54 @@
+"""Mixed-precision policy: the compute dtype, where the fp32 master lives, and the loss scaler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zerorun.engine import loss_scaler
+from zerorun.engine.errors import EngineError
+
+_COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """``compute_dtype``: the dtype of the module's parameters, activations and gradients.
+
+    The optimizer always steps fp32 master weights. With fp32 compute the master is the
+    parameter buffer itself (no copy); with fp16/bf16 it is a separate fp32 tensor.
+    """
+
+    compute_dtype: torch.dtype
+    scaler: loss_scaler.ScalerPolicy
+    comm_dtype: torch.dtype | None
+
+    @property
+    def master_is_alias(self) -> bool:
+        return self.compute_dtype == torch.float32
+
+    @property
+    def name(self) -> str:
+        return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.compute_dtype]
+
+
+def from_config(cfg: Any) -> PrecisionPolicy:
+    fp16, bf16 = cfg.fp16.enabled, cfg.bf16.enabled
+    if fp16 and bf16:
+        raise EngineError("fp16.enabled and bf16.enabled are both true",
+                          "enable at most one of fp16 / bf16 in the config")
+    comm = None if cfg.communication_data_type is None else _COMM_DTYPES[cfg.communication_data_type]
+    if fp16:
+        f = cfg.fp16
+        if f.loss_scale and f.loss_scale > 0:
+            scaler = loss_scaler.constant(float(f.loss_scale))
+        else:
+            scaler = loss_scaler.ScalerPolicy(
+                dynamic=True, initial_scale=float(2 ** f.initial_scale_power), window=int(f.loss_scale_window),
+                hysteresis=int(f.hysteresis), consecutive_hysteresis=bool(f.consecutive_hysteresis),
+                min_scale=float(f.min_loss_scale))
+        return PrecisionPolicy(torch.float16, scaler, comm)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm)

@@ -1,0 +1,123 @@
+"""Learning-rate schedules with DeepSpeed's names and parameter names.
+
+``WarmupLR(warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type)``,
+``WarmupDecayLR(total_num_steps, ...WarmupLR's)``, and
+``WarmupCosineLR(total_num_steps, warmup_min_ratio, warmup_num_steps, cos_min_ratio, warmup_type)``.
+Each is a pure ``lr(step)`` formula plus a small stateful wrapper the engine steps once
+per optimizer step (skipped steps do not advance it). The lr for the first step is set
+when the scheduler is built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zerorun.engine.errors import EngineError
+
+
+def _warmup_gamma(step: int, warmup_steps: int, warmup_type: str) -> float:
+    """Fraction of the warm-up done at ``step`` (0-based), log or linear as in DeepSpeed."""
+    n = max(2, warmup_steps)
+    if step >= n:
+        return 1.0
+    if warmup_type == "log":
+        return math.log(step + 1) / math.log(n)
+    return step / n
+
+
+@dataclass(frozen=True)
+class WarmupLR:
+    warmup_min_lr: float = 0.0
+    warmup_max_lr: float = 0.001
+    warmup_num_steps: int = 1000
+    warmup_type: str = "log"
+
+    def lr(self, step: int, base_lr: float) -> float:
+        gamma = _warmup_gamma(step, self.warmup_num_steps, self.warmup_type)
+        return self.warmup_min_lr + (self.warmup_max_lr - self.warmup_min_lr) * gamma
+
+
+@dataclass(frozen=True)
+class WarmupDecayLR(WarmupLR):
+    total_num_steps: int = 1000
+
+    def lr(self, step: int, base_lr: float) -> float:
+        n = max(2, self.warmup_num_steps)
+        if step < n:
+            return super().lr(step, base_lr)
+        gamma = max(0.0, (self.total_num_steps - step) / max(1.0, self.total_num_steps - n))
+        return self.warmup_min_lr + (self.warmup_max_lr - self.warmup_min_lr) * gamma
+
+
+@dataclass(frozen=True)
+class WarmupCosineLR:
+    total_num_steps: int = 1000
+    warmup_min_ratio: float = 0.0
+    warmup_num_steps: int = 1000
+    cos_min_ratio: float = 0.0001
+    warmup_type: str = "log"
+
+    def lr(self, step: int, base_lr: float) -> float:
+        n = max(2, self.warmup_num_steps)
+        if step < n:
+            ratio = _warmup_gamma(step, n, self.warmup_type)
+            ratio = self.warmup_min_ratio + (1.0 - self.warmup_min_ratio) * ratio
+        else:
+            progress = (step - n) / max(1, self.total_num_steps - n)
+            ratio = (1.0 + math.cos(math.pi * min(1.0, progress))) / 2.0
+            ratio = max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * ratio)
+        return base_lr * ratio
+
+
+_SCHEDULES = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR, "WarmupCosineLR": WarmupCosineLR}
+
+
+class Scheduler:
+    """Applies a schedule to every parameter group of an optimizer; DeepSpeed-like ``step``/``get_lr``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Any) -> None:
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.last_batch_iteration = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            g["lr"] = self.schedule.lr(self.last_batch_iteration, base)
+
+    def step(self, last_batch_iteration: int | None = None) -> None:
+        self.last_batch_iteration = (self.last_batch_iteration + 1 if last_batch_iteration is None
+                                     else last_batch_iteration)
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self.get_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_batch_iteration": self.last_batch_iteration, "base_lrs": self.base_lrs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_batch_iteration = state["last_batch_iteration"]
+        self.base_lrs = state["base_lrs"]
+        self._apply()
+
+
+def build_scheduler(type_name: str, params: dict[str, Any], optimizer: torch.optim.Optimizer) -> Scheduler:
+    cls = _SCHEDULES.get(type_name)
+    if cls is None:
+        raise EngineError(f"scheduler.type {type_name!r} is not supported by the engine",
+                          f"use one of {', '.join(_SCHEDULES)}, or pass lr_scheduler= to initialize()")
+    try:
+        schedule = cls(**params)
+    except TypeError as e:
+        raise EngineError(f"scheduler.params for {type_name}: {e}",
+                          f"use DeepSpeed's parameter names for {type_name}") from e
+    return Scheduler(optimizer, schedule)

@@ -1,0 +1,86 @@
+"""fp32 master weights and optimizer state for the chunk of each bucket this rank owns.
+
+A stock ``torch.optim`` optimizer steps one flat 1-D tensor per bucket (so foreach and
+fused kernels see a few large tensors). The owned chunk is the whole bucket when the
+optimizer is not sharded (stage 0) and the rank's chunk otherwise (stages 1, 2).
+
+With fp32 compute the master *is* the owned chunk of the parameter buffer (an alias: no
+extra bytes, nothing to copy back); with fp16/bf16 it is a separate fp32 copy taken from
+the fp32 parameters before they are cast, and the step ends by casting it back into the
+compute buffer. When sharded, an all-gather per bucket then hands every rank the
+updated parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerorun.engine.buckets import FlatBucket
+from zerorun.engine.collectives import Collectives
+
+
+class MasterShards:
+    def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool) -> None:
+        """Create masters from the buckets' current (fp32) data; call before casting the buckets."""
+        self.buckets = buckets
+        self.sharded = sharded
+        self.alias = alias
+        self.masters: list[nn.Parameter] = []
+        for b in buckets:
+            owned = self.owned(b, b.data)
+            data = owned if alias else owned.detach().clone().float()
+            self.masters.append(nn.Parameter(data, requires_grad=True))
+
+    def owned(self, bucket: FlatBucket, flat: torch.Tensor) -> torch.Tensor:
+        return bucket.shard(flat) if self.sharded else flat
+
+    def rebind(self) -> None:
+        """After the buckets are cast to the compute dtype, alias masters must follow the new buffers."""
+        if self.alias:
+            for b, m in zip(self.buckets, self.masters, strict=True):
+                m.data = self.owned(b, b.data)
+
+    def bind_optimizer(self, optimizer: torch.optim.Optimizer, group_of_bucket: list[int]) -> None:
+        """Replace the optimizer's parameters with the master tensors, keeping each group's settings."""
+        groups: dict[int, list[nn.Parameter]] = {}
+        for gi, m in zip(group_of_bucket, self.masters, strict=True):
+            groups.setdefault(gi, []).append(m)
+        for gi, group in enumerate(optimizer.param_groups):
+            group["params"] = groups.get(gi, [])
+        optimizer.state.clear()
+
+    def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
+        """Point each master's ``.grad`` at the owned reduced gradient (fp32), times ``multiplier``."""
+        for m, g in zip(self.masters, owned_grads, strict=True):
+            g32 = g if g.dtype == torch.float32 else g.float()
+            if multiplier != 1.0:
+                g32.mul_(multiplier)
+            m.grad = g32
+
+    def clear_grads(self) -> None:
+        for m in self.masters:
+            m.grad = None
+
+    def publish(self, coll: Collectives) -> None:
+        """Copy masters into the compute buffers and, when sharded, all-gather the buckets."""
+        if not self.alias:
+            with torch.no_grad():
+                for b, m in zip(self.buckets, self.masters, strict=True):
+                    self.owned(b, b.data).copy_(m)
+        if self.sharded:
+            pending = [coll.all_gather(b.data, async_op=True) for b in self.buckets]
+            for p in pending:
+                p.wait()
+
+    def held_bytes(self) -> int:
+        return 0 if self.alias else sum(m.numel() * m.element_size() for m in self.masters)
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    total = 0
+    for state in optimizer.state.values():
+        for v in state.values():
+            if torch.is_tensor(v):
+                total += v.numel() * v.element_size()
+    return total
