@@ -131,5 +131,12 @@ def rewrite(data: dict[str, Any]) -> Rewritten:
     found, value = _pop(data, PIN_MEMORY)
     if found:
         for target in PIN_MEMORY_TARGETS:
-            _move(out, PIN_MEMORY, target, value, target)
+            if not _put(out.data, target, value):
+                out.problems.append(
+                    Problem(PIN_MEMORY, f"is the deprecated name of {target}; give only {target}")
+                )
+            else:
+                out.renamed[target] = PIN_MEMORY
+        use = " and ".join(PIN_MEMORY_TARGETS)
+        out.problems.append(Problem(PIN_MEMORY, f"is deprecated; use {use}", severity=Severity.WARNING))
     return out

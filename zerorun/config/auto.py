@@ -97,13 +97,11 @@ def resolve_auto(data: dict[str, Any], *, hidden_size: int | None) -> Resolved:
         node, last = _node(data, path)
         params = node.get(last) if node is not None else None
         if isinstance(params, dict):
-            for name in [name for name, value in params.items() if value == AUTO]:
+            dropped = [name for name, value in params.items() if value == AUTO]
+            for name in dropped:
                 del params[name]
-                out.notes.append(
-                    Problem(
-                        f"{path}.{name}",
-                        '"auto" dropped; the optimizer/scheduler default applies',
-                        severity=Severity.NOTE,
-                    )
-                )
+            if dropped:
+                kind = path.split(".")[0]
+                message = f'"auto" dropped for {", ".join(dropped)}; the {kind}\'s own defaults apply'
+                out.notes.append(Problem(path, message, severity=Severity.NOTE))
     return out

@@ -31,6 +31,14 @@ class Origin:
         return f"{self.source.value} ({self.detail})" if self.detail else self.source.value
 
 
+def _renamed_from(path: str, renamed: dict[str, str]) -> str | None:
+    """The old name of ``path`` or of the block containing it (``bfloat16`` for ``bf16.enabled``)."""
+    for new, old in renamed.items():
+        if path == new or path.startswith(f"{new}."):
+            return old
+    return None
+
+
 def trace(
     resolved: dict[str, Any],
     given: frozenset[str],
@@ -45,8 +53,8 @@ def trace(
             origins[path] = Origin(Source.DERIVED, derived[path])
         elif path in auto:
             origins[path] = Origin(Source.AUTO, auto[path])
-        elif path in renamed:
-            origins[path] = Origin(Source.ALIAS, f"from {renamed[path]}")
+        elif (old := _renamed_from(path, renamed)) is not None:
+            origins[path] = Origin(Source.ALIAS, f"from {old}")
         elif path in given:
             origins[path] = Origin(Source.FILE)
         else:

@@ -63,9 +63,10 @@ def _to_problem(error: ErrorDetails) -> Problem:
 
 
 def _remove(data: dict[str, Any], loc: tuple[int | str, ...], kind: str) -> None:
-    """Drop the value at ``loc`` (its parent block when the key is missing)."""
-    if kind == "missing":
-        loc = loc[:-1]
+    """Drop the value at ``loc`` (its parent block when the key is required)."""
+    info = keys.fields().get(_path(loc))
+    if kind == "missing" or (info is not None and info.is_required()):
+        loc = loc[:-1]  # a required key cannot fall back to a default: drop its block
     node: Any = data
     for part in loc[:-1]:
         node = node.get(part) if isinstance(node, dict) else None
