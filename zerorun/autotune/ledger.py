@@ -1,0 +1,106 @@
+"""The tuner's append-only ledger: one JSON line per finished (or pruned, or failed) trial.
+
+Records are keyed by a run key, the hash of the starting config, the script's bytes
+and its arguments, so a rerun of the same tuning resumes and skips finished trials,
+and a changed config or script starts afresh in the same file. Nothing is ever
+deleted; a torn last line (a crash mid-write) is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerorun.autotune.classify import Outcome, TrialOutcome
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def run_key(config: Mapping[str, Any], script: str | Path, script_args: Sequence[str] = ()) -> str:
+    """Hash of the starting config, the script's content and its arguments."""
+    digest = hashlib.sha256()
+    digest.update(_canonical(config).encode())
+    path = Path(script)
+    digest.update(path.read_bytes() if path.is_file() else str(script).encode())
+    digest.update(_canonical(list(script_args)).encode())
+    return digest.hexdigest()[:16]
+
+
+def knob_key(knobs: Mapping[str, Any]) -> str:
+    """The identity of one candidate: its knob values, order-free."""
+    return _canonical(dict(knobs))
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One line of the ledger."""
+
+    run_key: str
+    knobs: dict[str, Any]
+    status: Outcome
+    median_step_s: float | None = None
+    samples_per_s: float | None = None
+    peak_bytes: int | None = None
+    predicted_bytes: int | None = None
+    reason: str = ""
+    duration_s: float = 0.0
+    recorded_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_outcome(cls, key: str, knobs: Mapping[str, Any], outcome: TrialOutcome, **extra: Any) -> TrialRecord:
+        return cls(
+            run_key=key, knobs=dict(knobs), status=outcome.status, median_step_s=outcome.median_step_s,
+            samples_per_s=outcome.samples_per_s, peak_bytes=outcome.peak_bytes, reason=outcome.reason, **extra,
+        )
+
+    def outcome(self) -> TrialOutcome:
+        return TrialOutcome(self.status, self.median_step_s, self.samples_per_s, self.peak_bytes, self.reason)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialRecord:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**{**known, "status": Outcome(data["status"])})
+
+
+class Ledger:
+    """The JSONL file at ``path``; appends are flushed and fsynced one line at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def append(self, record: TrialRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record.to_json(), sort_keys=True) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __iter__(self) -> Iterator[TrialRecord]:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    yield TrialRecord.from_json(json.loads(line))
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue  # a torn or foreign line: skip it, never fail the resume
+
+    def records(self, key: str) -> list[TrialRecord]:
+        """Every record of one run, in the order they were written."""
+        return [r for r in self if r.run_key == key]
+
+    def done(self, key: str) -> dict[str, TrialRecord]:
+        """knob_key -> the latest record of each candidate already tried in this run."""
+        return {knob_key(r.knobs): r for r in self.records(key)}
