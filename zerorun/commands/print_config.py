@@ -49,7 +49,10 @@ def _table(loaded: LoadedConfig, changed_only: bool, docs: bool) -> None:
         style = _SOURCE_STYLE.get(row.source.split(" (")[0], "")
         source = f"[{style}]{row.source}[/]" if style else row.source
         table.add_row(row.key, row.value, source, *([row.description] if docs else []))
-    Console(highlight=False).print(table)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 200  # piped or captured: do not squeeze the table into 80 columns
+    console.print(table)
 
 
 def _write(text: str, output: Path | None) -> None:

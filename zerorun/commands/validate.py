@@ -40,7 +40,7 @@ def summary(loaded: LoadedConfig) -> str:
     if cfg.train_batch_size is not None and loaded.world_size is not None:
         batch = f"batch {cfg.train_batch_size} = {mbs} x {gas} x {loaded.world_size} ranks"
     else:
-        shown = lambda v: "auto" if v is None else str(v)  # noqa: E731
+        shown = lambda v: "(derived)" if v is None else str(v)  # noqa: E731
         batch = f"micro batch {shown(mbs)} x accumulation {shown(gas)} x world size (at run time)"
     parts = [f"ZeRO stage {zero.stage}", precision, optimizer, *(f"offload {o}" for o in offload), batch]
     return ", ".join(parts)
