@@ -23,7 +23,7 @@ from zerorun.config.schema_blocks import (
     SchedulerConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.types import Bool, NonNegFloat, PosFloat, PosInt, choice
+from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, choice
 
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(choice("fp32", "fp16", "bf16"))]
 

@@ -10,7 +10,7 @@ from pydantic import BeforeValidator, Field
 
 from zerorun.config.schema_zero import Block
 from zerorun.config.suggest import did_you_mean
-from zerorun.config.types import (
+from zerorun.config.values import (
     Bool,
     Float,
     Int,

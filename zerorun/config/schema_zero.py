@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from zerorun.config.types import Bool, Fraction, NonNegInt, PosInt, Str, choice
+from zerorun.config.values import Bool, Fraction, NonNegInt, PosInt, Str, choice
 
 OffloadDevice = Annotated[Literal["none", "cpu", "nvme"], BeforeValidator(choice("none", "cpu", "nvme"))]
 Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(choice(0, 1, 2, 3))]

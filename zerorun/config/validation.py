@@ -19,7 +19,7 @@ from zerorun.config.aliases import RENAMED
 from zerorun.config.problems import Problem
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.suggest import did_you_mean
-from zerorun.config.types import show
+from zerorun.config.values import show
 
 _MAX_ROUNDS = 8
 
