@@ -63,6 +63,18 @@ def _write(text: str, output: Path | None) -> None:
     typer.echo(f"wrote {output}", err=True)
 
 
+def _print_template(template: str | None, file: Path | None, output: Path | None) -> None:
+    if file is not None:
+        raise ZerorunError(
+            "give a FILE or --template, not both", hint="zerorun print-config --template zero3"
+        )
+    if template is None:
+        raise ZerorunError(
+            "no config file given", hint="zerorun print-config ds_config.json (or --template zero2)"
+        )
+    _write(template_path(template).read_text(encoding="utf-8"), output)
+
+
 def command(
     file: Annotated[
         Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False)
@@ -109,17 +121,9 @@ def command(
 
       zerorun print-config --template zero3 -o ds.yaml
     """
-    if template is not None:
-        if file is not None:
-            raise ZerorunError(
-                "give a FILE or --template, not both", hint="zerorun print-config --template zero3"
-            )
-        _write(template_path(template).read_text(encoding="utf-8"), output)
+    if template is not None or file is None:
+        _print_template(template, file, output)
         return
-    if file is None:
-        raise ZerorunError(
-            "no config file given", hint="zerorun print-config ds_config.json (or --template zero2)"
-        )
     loaded = inspect_config(file, world_size=world_size, hidden_size=hidden_size)
     for problem in (*loaded.warnings, *loaded.notes):
         label = "warning" if problem in loaded.warnings else "note"
