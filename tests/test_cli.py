@@ -29,3 +29,8 @@ def test_version() -> None:
     out = subprocess.run([sys.executable, "-m", "zerorun.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0
     assert out.stdout.startswith("zerorun ")
+
+
+def test_exit_code_of_a_subcommand_is_kept() -> None:
+    # `validate` on a missing file fails; the code must reach the shell, not turn into 0.
+    assert main(["validate", "/no/such/config.yaml"]) != 0

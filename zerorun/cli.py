@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"zerorun {__version__}")
             return 0
-        app(args=args, prog_name="zerorun", standalone_mode=False)
-        return 0
+        result = app(args=args, prog_name="zerorun", standalone_mode=False)
+        return result if isinstance(result, int) else 0
     except ZerorunError as err:
         _print_error(err)
         return 1
