@@ -31,6 +31,8 @@ def test_version() -> None:
     assert out.stdout.startswith("zerorun ")
 
 
-def test_exit_code_of_a_subcommand_is_kept() -> None:
-    # `validate` on a missing file fails; the code must reach the shell, not turn into 0.
-    assert main(["validate", "/no/such/config.yaml"]) != 0
+def test_exit_code_of_a_subcommand_is_kept(tmp_path) -> None:
+    # `zerorun launch` ends with typer.Exit(code); the code must reach the shell, not turn into 0.
+    script = tmp_path / "fails.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert main(["launch", str(script)]) == 3
