@@ -185,12 +185,20 @@ def test_parse_bytes_units() -> None:
 def test_buffers_follow_the_stage_and_never_exceed_the_model() -> None:
     training = Training(10**9, 8)
     buckets = Buckets(reduce_bucket_size=2 * 10**8, allgather_bucket_size=3 * 10**8, overlap_comm=True)
-    assert buffer_terms(training, Placement(0), buckets, None) == {"reduce_bucket": 2 * 10**8 * 2 * 2}
-    assert buffer_terms(training, Placement(2), buckets, None) == {
-        "reduce_bucket": 8 * 10**8, "allgather_bucket": 6 * 10**8,
-    }
+    # stages 0-1 reduce and gather in place: the gradient buffers are the communication buffers
+    assert buffer_terms(training, Placement(0), buckets, None) == {}
+    assert buffer_terms(training, Placement(1), buckets, None) == {}
+    assert buffer_terms(training, Placement(2), buckets, None) == {"reduce_staging": 2 * 10**8 * 2 * 2}
+    no_overlap = Buckets(reduce_bucket_size=2 * 10**8, overlap_comm=False)
+    assert buffer_terms(training, Placement(2), no_overlap, None) == {"reduce_staging": 2 * 10**8 * 2}
     tiny = Training(1000, 2)
-    assert buffer_terms(tiny, Placement(1), Buckets(), None) == {"reduce_bucket": 2000, "allgather_bucket": 2000}
+    assert buffer_terms(tiny, Placement(2), Buckets(), None) == {"reduce_staging": 2000}
+    # a parameter larger than the bucket gets a bucket of its own
+    shape = ModelShape(hidden=1024, layers=2, heads=8, vocab=50000)
+    big = Training(shape.param_count(), 2)
+    assert buffer_terms(big, Placement(2), Buckets(reduce_bucket_size=1000, overlap_comm=False), shape) == {
+        "reduce_staging": 50000 * 1024 * 2,
+    }
 
 
 def test_stage3_buffers_gather_the_largest_unit_plus_prefetch() -> None:
@@ -199,6 +207,7 @@ def test_stage3_buffers_gather_the_largest_unit_plus_prefetch() -> None:
     buckets = Buckets(reduce_bucket_size=10**6, stage3_prefetch_bucket_size=10**6, stage3_max_live_parameters=10**9)
     terms = buffer_terms(training, Placement(3), buckets, shape)
     unit = shape.largest_unit()
+    assert terms["reduce_staging"] == 32000 * 1024 * 2 * 2  # the embedding's own bucket, overlapped at stage 3
     assert unit == 32000 * 1024  # the embedding beats a 12.6M-parameter block
     assert terms["gathered_params"] == (unit + 10**6) * 2
     assert terms["unit_gradients"] == unit * 2

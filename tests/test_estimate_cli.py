@@ -73,7 +73,8 @@ def test_config_buckets_change_the_buffers(tmp_path, capsys: pytest.CaptureFixtu
     cfg.write_text("zero_optimization:\n  stage: 2\n  reduce_bucket_size: 1000\n  allgather_bucket_size: 3000\n  overlap_comm: false\n")
     data = _json(capsys, "--params", "1B", "--gpus", "2", "--config", str(cfg), "--offload-optimizer", "none")
     stage2 = next(r for r in data["rows"] if r["stage"] == 2)
-    assert stage2["per_gpu_bytes"]["buffers"] == (1000 + 3000) * 4  # fp32: no bf16/fp16 block in the config
+    assert stage2["per_gpu_bytes"]["buffers"] == 1000 * 4  # one fp32 staging bucket (no bf16/fp16 block)
+    assert next(r for r in data["rows"] if r["stage"] == 1)["per_gpu_bytes"]["buffers"] == 0
     assert data["dtype"] == "fp32"
 
 

@@ -1,12 +1,15 @@
-"""Communication buffers per GPU, from the config's bucket sizes.
+"""Communication buffers per GPU, from the config's bucket sizes, as zerorun's engine holds them.
 
-Stages 0-2 reduce gradients through a bucket of ``reduce_bucket_size`` elements (two
-with ``overlap_comm``: one in flight while the next fills); stages 1-2 all-gather the
-updated parameters through ``allgather_bucket_size``. Stage 3 holds the gathered
-parameters of the unit running now plus what is prefetched (at most
-``stage3_max_live_parameters``), that unit's full gradient before it is
+Stages 0-1 reduce each gradient bucket in place (the gradient buffers are the
+communication buffers) and all-gather parameters in place, so they hold no extra
+buffer; ``allgather_bucket_size`` therefore costs nothing here (DeepSpeed allocates
+one). Stage 2 reduce-scatters through staging buffers of one bucket each
+(``reduce_bucket_size``, never smaller than the largest parameter, never larger than
+the model), two of them with ``overlap_comm``: one in flight while the next fills.
+Stage 3 adds the gathered parameters of the unit running now plus what is prefetched
+(at most ``stage3_max_live_parameters``), that unit's full gradient before it is
 reduce-scattered, and the small parameters kept gathered under
-``stage3_param_persistence_threshold``. No bucket is larger than the model.
+``stage3_param_persistence_threshold``.
 """
 
 from __future__ import annotations
@@ -41,16 +44,21 @@ class Buckets:
         return cls(overlap_comm=None if overlap is None else bool(overlap), **{k: int(v) for k, v in values.items()})
 
 
+def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | None) -> int:
+    """Elements of the largest bucket: the bucket size, or one parameter that is larger, capped by Ψ."""
+    largest_param = max(shape.embedding_params(), shape.hidden * shape.ffn_size) if shape else 0
+    return min(training.params, max(buckets.reduce_bucket_size, largest_param))
+
+
 def buffer_terms(
     training: Training, placement: Placement, buckets: Buckets, shape: ModelShape | None
 ) -> dict[str, int]:
     """Bytes of each communication buffer one rank holds during a step."""
     psi, nbytes = training.params, training.dtype.nbytes
+    if placement.stage < 2:
+        return {}
     overlap = placement.stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
-    in_flight = 2 if overlap else 1
-    terms = {"reduce_bucket": min(buckets.reduce_bucket_size, psi) * nbytes * in_flight}
-    if placement.stage in (1, 2):
-        terms["allgather_bucket"] = min(buckets.allgather_bucket_size, psi) * nbytes
+    terms = {"reduce_staging": largest_bucket(training, buckets, shape) * nbytes * (2 if overlap else 1)}
     if placement.stage == 3:
         unit = min(shape.largest_unit(), psi) if shape else 0
         window = min(buckets.stage3_max_live_parameters, unit + buckets.stage3_prefetch_bucket_size)
