@@ -29,6 +29,7 @@ from zerorun.estimate import (
     parse_bytes,
     parse_param_count,
     placements,
+    recommend,
     shape_from_hf_config,
 )
 
@@ -280,6 +281,16 @@ def test_recommendation_prefers_least_communication_that_fits() -> None:
     assert chosen.placement == Placement(2)  # stage 2 needs ~27 GiB, stage 1 ~39 GiB
     assert not any(r.fits for r in est.rows if r.placement in (Placement(0), Placement(1)))
     assert "stage 2" in est.recommendation.reason
+
+
+def test_recommendation_keeps_headroom_and_says_when_tight() -> None:
+    request = EstimateRequest(Training(7_000_000_000, 8), gpus_per_node=8, overhead=0)
+    rows = estimate(request).rows
+    stage1 = next(r for r in rows if r.placement == Placement(1))
+    just_fits = recommend([r for r in rows if r.placement in (Placement(0), Placement(1))], stage1.total)
+    assert just_fits.row is stage1 and "tightly" in just_fits.reason
+    roomy = recommend(rows, stage1.total)  # stage 1 fits without headroom; stage 2 with it
+    assert roomy.row is not None and roomy.row.placement == Placement(2) and "10% to spare" in roomy.reason
 
 
 def test_no_recommendation_without_memory_or_when_nothing_fits() -> None:

@@ -12,6 +12,7 @@ from zerorun.estimate.buffers import Buckets, buffer_terms
 from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_param_count
 from zerorun.estimate.memory_model import (
     DEFAULT_OVERHEAD,
+    RECOMMEND_HEADROOM,
     Estimate,
     EstimateRequest,
     Recommendation,
@@ -35,7 +36,7 @@ from zerorun.estimate.model_states import (
 from zerorun.estimate.shape import ModelShape, ShapeError, shape_from_hf_config
 
 __all__ = [
-    "DEFAULT_OVERHEAD", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
+    "DEFAULT_OVERHEAD", "RECOMMEND_HEADROOM", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
     "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
     "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
     "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes",

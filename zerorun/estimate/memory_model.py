@@ -159,12 +159,18 @@ def communication_rank(placement: Placement) -> tuple[int, int]:
     return level, placement.stage
 
 
-def recommend(rows: list[Row], gpu_memory: int | None) -> Recommendation:
-    """The configuration with the least communication among those that fit."""
+RECOMMEND_HEADROOM = 0.10
+"""Fraction of the GPU the recommendation leaves free for fragmentation and what no model sees."""
+
+
+def recommend(rows: list[Row], gpu_memory: int | None, headroom: float = RECOMMEND_HEADROOM) -> Recommendation:
+    """The configuration with the least communication that fits with ``headroom`` to spare
+    (or, failing that, the least-communication one that fits at all, flagged as tight)."""
     if gpu_memory is None:
         return Recommendation(None, "GPU memory unknown: pass --gpu-memory (e.g. 80GB) to get a recommendation")
     ranked = sorted(rows, key=lambda row: communication_rank(row.placement))
-    fitting = [row for row in ranked if row.fits]
+    roomy = [row for row in ranked if row.total <= gpu_memory * (1 - headroom)]
+    fitting = roomy or [row for row in ranked if row.total <= gpu_memory]
     if not fitting:
         smallest = min(rows, key=lambda row: row.total)
         return Recommendation(
@@ -174,10 +180,15 @@ def recommend(rows: list[Row], gpu_memory: int | None) -> Recommendation:
         )
     best = fitting[0]
     reason = (
-        f"{best.placement.label} is the configuration with the least communication that fits: "
-        f"{gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB per GPU"
+        f"{best.placement.label} is the configuration with the least communication that fits "
+        f"with {headroom:.0%} to spare: {gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB per GPU"
     )
-    cheaper = [row for row in ranked[: ranked.index(best)]]
+    if not roomy:
+        reason = (
+            f"{best.placement.label} fits, but tightly: {gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB "
+            f"per GPU, less than {headroom:.0%} to spare"
+        )
+    cheaper = ranked[: ranked.index(best)]
     if cheaper:
         closest = min(cheaper, key=lambda row: row.total)
         reason += f" ({closest.placement.label} would need {gib(closest.total):.1f} GiB)"
