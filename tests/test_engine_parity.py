@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.dist_harness import run_distributed
-from tests.engine_cases import STEPS, all_cases, reference, train_case
+from tests.test_engine_cases import STEPS, all_cases, reference, train_case
 
 CASES = all_cases()
 

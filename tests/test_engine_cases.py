@@ -1,4 +1,4 @@
-"""Shared model, data and reference training for the engine tests (imported by spawned ranks too).
+"""Shared model, data, cases and reference training for the engine tests (no tests here; imported by spawned ranks too).
 
 The model has odd shapes (padding at every world size), a LayerNorm and a parameter
 that is unused in forward (its bucket must still be reduced).
