@@ -27,13 +27,13 @@ from zerorun.estimate.from_config import config_facts
 from zerorun.estimate.gpu import local_gpus
 
 Params = Annotated[str | None, typer.Option("--params", help="Parameter count: 14B, 7.5b, 350M, 1.3e9, 125000000.")]
-Gpus = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs per node [default: the local GPUs, else 1].")]
+Gpus = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs per node \\[default: the local GPUs, else 1].")]
 Nodes = Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes.")]
-DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Compute dtype [default: the config's, else bf16].")]
+DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Compute dtype \\[default: the config's, else bf16].")]
 OptimizerOpt = Annotated[
-    Optimizer | None, typer.Option("--optimizer", help="Optimizer state size [default: the config's, else adam].")
+    Optimizer | None, typer.Option("--optimizer", help="Optimizer state size \\[default: the config's, else adam].")
 ]
-OffloadOpt = Annotated[Offload | None, typer.Option(help="Pin the offload choice [default: show the usual variants].")]
+OffloadOpt = Annotated[Offload | None, typer.Option(help="Pin the offload choice \\[default: show the usual variants].")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="A zerorun/DeepSpeed config: bucket sizes, dtype, optimizer.")]
 ModelOpt = Annotated[Path | None, typer.Option("--model", help="A Hugging Face config.json: the shape and Ψ.")]
 Int = Annotated[int | None, typer.Option(min=1)]
@@ -91,7 +91,7 @@ def command(
     flash_attention: Annotated[bool, typer.Option(help="No s^2 attention scores kept.")] = False,
     fp32_grad_accum: Annotated[bool, typer.Option(help="Count an fp32 gradient copy (DeepSpeed's 18 B/param).")] = False,
     overhead: Annotated[str, typer.Option(help="CUDA context, NCCL and allocator slack per GPU.")] = "1GiB",
-    gpu_memory: Annotated[str | None, typer.Option(help="Memory per GPU, e.g. 80GB or 80GiB [default: NVML].")] = None,
+    gpu_memory: Annotated[str | None, typer.Option(help="Memory per GPU, e.g. 80GB or 80GiB \\[default: NVML].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
     plot: Annotated[Path | None, typer.Option(help="Also write the chart to FILE.png or FILE.svg.")] = None,
 ) -> None:
