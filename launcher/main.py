@@ -1,14 +1,170 @@
-"""Launcher entry point (placeholder: runs the script as one local process)."""
+"""``zerorun [launcher options] SCRIPT [args]``: hostfile -> filters -> plan -> commands -> run.
+
+Everything up to the commands is pure and checked before anything starts; only the
+preflight (ssh) and the executor touch other processes or hosts.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import argparse
+import os
+import shlex
+import shutil
+import socket
 import sys
+import uuid
+from pathlib import Path
+
+from launcher.args import parse_args, parse_rank_list
+from launcher.devices import gpu_count
+from launcher.display import dump_json, plan_json, plan_text
+from launcher.envpolicy import collect_env, default_env_files
+from launcher.errors import FilterError, LaunchError
+from launcher.executor import Executor
+from launcher.filters import NodeSlots, check_exclusive, limit, select
+from launcher.hostfile import Host, find_hosts
+from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
+from launcher.preflight import preflight
+from launcher.report import format_report
+from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands
+
+_BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
+_DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+
+
+def local_nodes(ns: argparse.Namespace) -> tuple[NodeSlots, ...]:
+    """This machine as the one node: its GPUs, or ``--num_gpus`` CPU ranks without GPUs."""
+    gpus = gpu_count()
+    if gpus and ns.num_gpus and ns.num_gpus > gpus:
+        raise FilterError(f"--num_gpus {ns.num_gpus} is larger than the {gpus} GPU(s) of this machine",
+                          f"use --num_gpus {gpus} or fewer")
+    host = Host("localhost", ns.num_gpus or gpus or 1)
+    return select((host,), ns.include, ns.exclude)
+
+
+def resolve_nodes(ns: argparse.Namespace) -> tuple[tuple[NodeSlots, ...], bool]:
+    """The selected nodes, and whether this machine alone runs the job (no hostfile)."""
+    check_exclusive(ns.include, ns.exclude, ns.num_nodes, ns.num_gpus)
+    hosts = find_hosts(ns.hostfile)
+    if hosts is None:
+        if ns.num_nodes is not None and ns.num_nodes > 1:
+            raise FilterError(f"--num_nodes {ns.num_nodes} without a hostfile: only this machine is available",
+                              "pass --hostfile with the other hosts")
+        return local_nodes(ns), True
+    return limit(select(hosts, ns.include, ns.exclude), ns.num_nodes, ns.num_gpus), False
+
+
+def choose_runner(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> RunnerKind:
+    if ns.launcher:
+        kind = RunnerKind(ns.launcher)
+    elif local:
+        kind = RunnerKind.LOCAL
+    else:
+        kind = RunnerKind.PDSH if len(nodes) > 1 and shutil.which("pdsh") else RunnerKind.SSH
+    binary = _BINARIES.get(kind)
+    if binary and not shutil.which(binary) and not ns.dry_run:
+        raise LaunchError(f"--launcher {kind.value} needs `{binary}`, which is not installed here",
+                          "install it, or pick another --launcher (local, ssh, pdsh, slurm, openmpi)")
+    return kind
+
+
+def master_port(text: str) -> tuple[int, str | None]:
+    if text == "auto":
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1], "auto: a free port on this machine"
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise LaunchError(f"--master_port {text!r} is not a port", "give 1-65535, or `auto` for a free port")
+    return int(text), None
+
+
+def validate_config(path: str, world_size: int, flag: str) -> str:
+    """Check the config file before any rank starts; return its absolute path."""
+    p = Path(path)
+    if not p.is_file():
+        raise LaunchError(f"{flag} {path!r} does not exist", "check the path of the config file")
+    try:
+        from zerorun.config import load_config
+    except ImportError:
+        print(f"zerorun: note: zerorun.config is not available, {flag} {path} was not validated", file=sys.stderr)
+        return str(p.resolve())
+    load_config(str(p), world_size=world_size)
+    return str(p.resolve())
+
+
+def script_configs(script_args: list[str]) -> list[tuple[str, str]]:
+    """``(flag, path)`` for each ``--deepspeed_config``/``--deepspeed`` FILE among the script's args."""
+    found = []
+    for i, token in enumerate(script_args):
+        flag, eq, value = token.partition("=")
+        if flag not in _DS_CONFIG_FLAGS:
+            continue
+        if not eq:
+            value = script_args[i + 1] if i + 1 < len(script_args) else ""
+        if value and not value.startswith("-") and (flag == "--deepspeed_config" or Path(value).suffix in (".json", ".yaml", ".yml")):
+            found.append((flag, value))
+    return found
+
+
+def rank_command(ns: argparse.Namespace) -> list[str]:
+    if ns.no_python:
+        return [ns.script, *ns.script_args]
+    if ns.module:
+        return [sys.executable, "-u", "-m", ns.script, *ns.script_args]
+    return [sys.executable, "-u", ns.script, *ns.script_args]
+
+
+def ssh_options(ns: argparse.Namespace) -> SshOptions:
+    text = ns.ssh_args if ns.ssh_args is not None else os.environ.get("ZERORUN_SSH_ARGS", "")
+    return SshOptions(port=ns.ssh_port, args=tuple(shlex.split(text)))
+
+
+def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> tuple[LaunchPlan, str | None]:
+    world_size = sum(len(n.slots) for n in nodes)
+    config = validate_config(ns.config, world_size, "--config") if ns.config else None
+    for flag, path in script_configs(ns.script_args):
+        validate_config(path, world_size, f"{flag} (a script argument)")
+    cwd = Path.cwd()
+    env = collect_env(os.environ, default_env_files(cwd, Path.home()), ns.env, Path(ns.env_file) if ns.env_file else None)
+    if config:
+        env["ZERORUN_CONFIG"] = config
+    port, port_reason = master_port(ns.master_port)
+    devices = DeviceMode(ns.devices)
+    if devices is DeviceMode.AUTO and local and gpu_count() == 0:
+        devices = DeviceMode.CPU
+    color = ns.color == "always" or (ns.color == "auto" and sys.stdout.isatty())
+    options = AgentOptions(
+        kill_timeout=ns.kill_timeout, log_dir=str(Path(ns.log_dir).resolve()) if ns.log_dir else None,
+        console_ranks=parse_rank_list(ns.ranks) if ns.ranks else None, color=color, devices=devices,
+    )
+    plan = build_plan(
+        nodes, command=rank_command(ns), job_id=uuid.uuid4().hex[:12], cwd=str(cwd), python=sys.executable,
+        master_addr=ns.master_addr, master_port=port, port_reason=port_reason, local=local,
+        pass_local_rank=ns.pass_local_rank, env=env, options=options,
+    )
+    return plan, config
+
+
+def commands_for(ns: argparse.Namespace, plan: LaunchPlan, kind: RunnerKind) -> list[NodeCommand]:
+    payload_dir = str(Path(plan.cwd) / ".zerorun" / plan.job_id)
+    return build_commands(plan, kind, ssh_options(ns), payload_dir, tuple(shlex.split(ns.launcher_args)))
 
 
 def main(argv: list[str]) -> int:
-    """Run ``argv`` (``SCRIPT [args]``) as one local Python process and return its exit code."""
-    if not argv:
-        print("usage: zerorun [launcher options] SCRIPT [script args]", file=sys.stderr)
-        return 2
-    return subprocess.call([sys.executable, *argv])
+    """Launch; return the exit status (the first failing rank's, 128+N for a signal)."""
+    ns = parse_args(argv)
+    nodes, local = resolve_nodes(ns)
+    kind = choose_runner(ns, nodes, local)
+    plan, config = make_plan(ns, nodes, local)
+    commands = commands_for(ns, plan, kind)
+    if ns.dry_run:
+        print(dump_json(plan_json(plan, commands, kind)) if ns.json else plan_text(plan, commands, kind, config))
+        return 0
+    if ns.json:
+        raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")
+    if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
+        preflight(plan, ssh_options(ns))
+    result = Executor(plan, commands).run()
+    if result.failures:
+        print(format_report(result.failures, plan.world_size), file=sys.stderr)
+    return result.exit_code

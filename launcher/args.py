@@ -1,0 +1,105 @@
+"""The launcher's options (DeepSpeed's flag names, with underscores).
+
+Options end at the first positional argument, the script; everything after it goes
+to the script untouched, even if it looks like a launcher option.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from launcher.errors import LaunchError
+from launcher.runners import RunnerKind
+
+EXAMPLES = """\
+examples:
+  zerorun --num_gpus 2 train.py --lr 1e-3          2 ranks here (CPU ranks on gloo without GPUs)
+  zerorun --hostfile hostfiles/two-nodes train.py   every slot of every host (pdsh, else ssh)
+  zerorun -H hosts --include 'w1:0-3@w2' train.py   4 slots of w1 and all of w2
+  zerorun -H hosts --exclude 'w2:0' train.py        everything but slot 0 of w2
+  zerorun -H hosts --launcher ssh --ssh_args '-F ./ssh_config -i key' train.py
+  zerorun -H hosts --dry-run --json train.py        the plan and the per-node commands, nothing runs
+  zerorun --config ds.yaml --log_dir logs train.py  validate the config first; per-rank log files
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zerorun", usage="zerorun [launcher options] SCRIPT [script args]",
+        description="Launch SCRIPT on this machine or on the hosts of a hostfile.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+    )
+    w = p.add_argument_group("where to run")
+    w.add_argument("-H", "--hostfile", help="hostfile (`host slots=N` lines); default /job/hostfile if present, else this machine")
+    w.add_argument("-i", "--include", help="keep only these hosts/slots, e.g. 'w1:0,1@w2' or 'w1:0-3'")
+    w.add_argument("-e", "--exclude", help="drop these hosts/slots, e.g. 'w2' or 'w1:0'")
+    w.add_argument("--num_nodes", type=int, help="use the first N hosts")
+    w.add_argument("--num_gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
+                   help="ranks per node (the first G slots); on a machine without GPUs, G CPU ranks")
+    w.add_argument("--master_addr", help="address of rank 0's store (default: the first node; 127.0.0.1 locally)")
+    w.add_argument("--master_port", default="29500", help="port of rank 0's store, or `auto` for a free local port (default 29500)")
+    w.add_argument("--devices", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="set CUDA_VISIBLE_DEVICES on nodes with GPUs (auto), always (gpu) or never (cpu)")
+    r = p.add_argument_group("how to reach the nodes")
+    r.add_argument("--launcher", type=str.lower, choices=[k.value for k in RunnerKind],
+                   help="default: local for this machine alone; pdsh (if installed) or ssh for a hostfile")
+    r.add_argument("--launcher_args", default="", help="extra arguments for pdsh/srun/mpirun, one quoted string")
+    r.add_argument("--ssh_port", type=int, help="ssh port on every host")
+    r.add_argument("--ssh_args", help="extra ssh arguments for every ssh (also pdsh's), e.g. '-F conf -i key'; env ZERORUN_SSH_ARGS")
+    r.add_argument("--no_ssh_check", action="store_true", help="skip the preflight checks of the remote hosts")
+    e = p.add_argument_group("what the ranks get")
+    e.add_argument("--env", action="append", default=[], metavar="K=V", help="export K=V to every rank (repeatable)")
+    e.add_argument("--env_file", help="dotenv file to export (after ~/.zerorun_env, ./.zerorun_env, .deepspeed_env)")
+    e.add_argument("--config", help="zerorun/DeepSpeed config: validated before launch, then passed as ZERORUN_CONFIG")
+    e.add_argument("--pass_local_rank", action="store_true", help="append --local_rank=N to the script's arguments (DeepSpeed style)")
+    e.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module: python -m SCRIPT")
+    e.add_argument("--no_python", action="store_true", help="SCRIPT is an executable: run it without python")
+    o = p.add_argument_group("watching the run")
+    o.add_argument("--log_dir", help="also write each rank's output to DIR/rank<R>.log")
+    o.add_argument("--ranks", help="show only these ranks on the console, e.g. '0' or '0,2-3' (logs keep all)")
+    o.add_argument("--kill_timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL at teardown (default 10)")
+    o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour the [host:rank] prefixes")
+    o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                   help="print the rank table and the per-node commands, run nothing")
+    o.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m, or program with --no_python)")
+    p.add_argument("script_args", nargs="*", metavar="ARGS", help="the script's own arguments, passed untouched")
+    return p
+
+
+def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(launcher options + SCRIPT, script args)``: the first non-option token is SCRIPT."""
+    actions = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i] + argv[i + 1 : i + 2], argv[i + 2 :]
+        if not token.startswith("-") or token == "-":
+            return argv[: i + 1], argv[i + 1 :]
+        action = actions.get(token.split("=", 1)[0])
+        takes_value = action is not None and action.nargs != 0
+        i += 2 if takes_value and "=" not in token else 1
+    return argv, []
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse the launcher's options; ``script_args`` are exactly the tokens after SCRIPT."""
+    parser = build_parser()
+    head, tail = split_argv(parser, argv)
+    ns = parser.parse_args(head)
+    ns.script_args = list(tail)
+    if ns.module and ns.no_python:
+        raise LaunchError("--module and --no_python cannot be combined", "pick one way to run SCRIPT")
+    return ns
+
+
+def parse_rank_list(text: str) -> tuple[int, ...]:
+    """``"0,2-3"`` -> ``(0, 2, 3)`` for ``--ranks``."""
+    ranks: set[int] = set()
+    for item in text.split(","):
+        lo, sep, hi = item.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise LaunchError(f"--ranks {text!r}: bad item {item!r}", "give ranks like 0,2-3")
+        ranks.update(range(int(lo), int(hi if sep else lo) + 1))
+    return tuple(sorted(ranks))

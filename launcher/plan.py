@@ -1,0 +1,191 @@
+"""The launch plan: pure data describing the world (nodes, ranks, env of every rank).
+
+Nodes keep hostfile order; global ranks are contiguous per node; LOCAL_RANK is the
+rank's position on its node (not ``RANK % n``, which is wrong for nodes with
+different slot counts). The plan travels to every node's agent as JSON, so the
+agent computes each rank's env with the same pure functions the dry-run prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from launcher.filters import NodeSlots
+
+DEFAULT_MASTER_PORT = 29500
+
+
+class DeviceMode(str, Enum):
+    """How an agent decides whether to set CUDA_VISIBLE_DEVICES for its ranks."""
+
+    AUTO = "auto"
+    """Set it when the node has NVIDIA GPUs (checked by the agent on that node)."""
+    GPU = "gpu"
+    """Always set it: slot ids are GPU ids."""
+    CPU = "cpu"
+    """Never set it: CPU ranks (gloo)."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node: the ssh target as written in the hostfile, its slots and global ranks."""
+
+    host: str
+    address: str
+    node_rank: int
+    slots: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """How the agents run and watch the ranks."""
+
+    kill_timeout: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when tearing the ranks down."""
+    log_dir: str | None = None
+    """Absolute directory for per-rank log files (``rank<R>.log``); output is still teed."""
+    console_ranks: tuple[int, ...] | None = None
+    """Global ranks whose output reaches the console (None = all)."""
+    color: bool = False
+    """Colour the ``[host:rank]`` prefixes (the launcher's stdout is a terminal)."""
+    devices: DeviceMode = DeviceMode.AUTO
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the agents need; ``env`` holds exported values (never printed)."""
+
+    job_id: str
+    nodes: tuple[NodePlan, ...]
+    master_addr: str
+    master_port: int
+    master_reason: str
+    command: tuple[str, ...]
+    pass_local_rank: bool
+    cwd: str
+    python: str
+    env: tuple[tuple[str, str], ...] = ()
+    options: AgentOptions = AgentOptions()
+
+    @property
+    def world_size(self) -> int:
+        return sum(len(n.ranks) for n in self.nodes)
+
+    def node(self, node_rank: int) -> NodePlan:
+        return self.nodes[node_rank]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["options"]["devices"] = self.options.devices.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LaunchPlan:
+        opts = dict(data["options"])
+        opts["devices"] = DeviceMode(opts["devices"])
+        if opts.get("console_ranks") is not None:
+            opts["console_ranks"] = tuple(opts["console_ranks"])
+        nodes = tuple(
+            NodePlan(n["host"], n["address"], n["node_rank"], tuple(n["slots"]), tuple(n["ranks"])) for n in data["nodes"]
+        )
+        return cls(
+            job_id=data["job_id"],
+            nodes=nodes,
+            master_addr=data["master_addr"],
+            master_port=int(data["master_port"]),
+            master_reason=data["master_reason"],
+            command=tuple(data["command"]),
+            pass_local_rank=bool(data["pass_local_rank"]),
+            cwd=data["cwd"],
+            python=data["python"],
+            env=tuple((k, v) for k, v in data["env"]),
+            options=AgentOptions(**opts),
+        )
+
+
+def choose_master(nodes: Sequence[NodeSlots], master_addr: str | None, local: bool) -> tuple[str, str]:
+    """The master address and why it was chosen."""
+    if master_addr:
+        return master_addr, "given by --master_addr"
+    if local:
+        return "127.0.0.1", "single local node: loopback"
+    first = nodes[0].host
+    return first.address, f"first node of the hostfile ({first.name}): rank 0 runs there and hosts the store"
+
+
+def build_plan(
+    nodes: Sequence[NodeSlots],
+    *,
+    command: Sequence[str],
+    job_id: str,
+    cwd: str,
+    python: str,
+    master_addr: str | None = None,
+    master_port: int = DEFAULT_MASTER_PORT,
+    port_reason: str | None = None,
+    local: bool = False,
+    pass_local_rank: bool = False,
+    env: dict[str, str] | None = None,
+    options: AgentOptions = AgentOptions(),
+) -> LaunchPlan:
+    """Lay out ranks over ``nodes`` (hostfile order, contiguous per node)."""
+    addr, reason = choose_master(nodes, master_addr, local)
+    if port_reason:
+        reason = f"{reason}; port {port_reason}"
+    node_plans: list[NodePlan] = []
+    next_rank = 0
+    for node_rank, node in enumerate(nodes):
+        ranks = tuple(range(next_rank, next_rank + len(node.slots)))
+        next_rank += len(ranks)
+        node_plans.append(NodePlan(node.host.name, node.host.address, node_rank, tuple(node.slots), ranks))
+    return LaunchPlan(
+        job_id=job_id,
+        nodes=tuple(node_plans),
+        master_addr=addr,
+        master_port=master_port,
+        master_reason=reason,
+        command=tuple(command),
+        pass_local_rank=pass_local_rank,
+        cwd=cwd,
+        python=python,
+        env=tuple(sorted((env or {}).items())),
+        options=options,
+    )
+
+
+def rank_env(plan: LaunchPlan, node_rank: int, local_rank: int, has_gpu: bool) -> dict[str, str]:
+    """The variables one rank gets on top of its node's environment."""
+    node = plan.node(node_rank)
+    env = dict(plan.env)
+    env.update(
+        RANK=str(node.ranks[local_rank]),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(plan.world_size),
+        LOCAL_WORLD_SIZE=str(len(node.ranks)),
+        LOCAL_SIZE=str(len(node.ranks)),
+        NODE_RANK=str(node_rank),
+        GROUP_RANK=str(node_rank),
+        CROSS_RANK=str(node_rank),
+        CROSS_SIZE=str(len(plan.nodes)),
+        GROUP_WORLD_SIZE=str(len(plan.nodes)),
+        MASTER_ADDR=plan.master_addr,
+        MASTER_PORT=str(plan.master_port),
+        ZERORUN_JOB_ID=plan.job_id,
+        PYTHONUNBUFFERED="1",
+    )
+    if has_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
+    return env
+
+
+def rank_argv(plan: LaunchPlan, local_rank: int) -> list[str]:
+    """The rank's command: the user's arguments untouched, plus ``--local_rank=N`` if asked."""
+    argv = list(plan.command)
+    if plan.pass_local_rank:
+        argv.append(f"--local_rank={local_rank}")
+    return argv

@@ -1,0 +1,90 @@
+"""Preflight: every remote host checked in parallel over ssh before any rank starts.
+
+Each host must be reachable (BatchMode, ConnectTimeout), have the working
+directory, and run the same Python and zerorun versions as this machine. ssh's own
+error text is shown for a host that fails.
+"""
+
+from __future__ import annotations
+
+import platform
+import shlex
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+
+from launcher.errors import PreflightError
+from launcher.plan import LaunchPlan
+from launcher.runners import SshOptions, ssh_target
+
+TAG = "zerorun-preflight"
+_PROBE = (
+    "import sys, importlib.metadata as m; "
+    f"print('{TAG}', sys.version.split()[0], m.version('zerorun'))"
+)
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """What one host answered."""
+
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def local_versions() -> tuple[str, str]:
+    return platform.python_version(), metadata.version("zerorun")
+
+
+def check_argv(plan: LaunchPlan, host: str, ssh: SshOptions) -> list[str]:
+    cwd = shlex.quote(plan.cwd)
+    remote = (
+        f"test -d {cwd} || {{ echo '{TAG}: working directory {plan.cwd} does not exist' >&2; exit 3; }}; "
+        f"{shlex.quote(plan.python)} -c {shlex.quote(_PROBE)}"
+    )
+    return ["ssh", "-T", *ssh.options(), ssh_target(host), remote]
+
+
+def judge(check: HostCheck, expected: tuple[str, str]) -> str | None:
+    """The problem with ``check`` in one paragraph, or None if the host is fine."""
+    if check.returncode != 0:
+        detail = check.stderr.strip() or check.stdout.strip() or "(no output)"
+        what = "is not reachable over ssh" if check.returncode == 255 else f"failed the check (status {check.returncode})"
+        return f"{check.host} {what}:\n    " + detail.replace("\n", "\n    ")
+    for line in check.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == TAG:
+            got = (parts[1], parts[2])
+            if got != expected:
+                return (
+                    f"{check.host} runs Python {got[0]} / zerorun {got[1]}, "
+                    f"this machine Python {expected[0]} / zerorun {expected[1]}"
+                )
+            return None
+    return f"{check.host}: unexpected answer to the version probe: {check.stdout.strip()!r}"
+
+
+def _run(argv: list[str], host: str, timeout: float) -> HostCheck:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return HostCheck(host, 255, "", f"no answer within {timeout:.0f} s")
+    return HostCheck(host, done.returncode, done.stdout, done.stderr)
+
+
+def preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
+    """Check every node in parallel; raise PreflightError naming each failing host."""
+    expected = local_versions()
+    timeout = ssh.connect_timeout + 30.0
+    with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
+        checks = list(pool.map(lambda n: _run(check_argv(plan, n.host, ssh), n.host, timeout), plan.nodes))
+    problems = [p for p in (judge(c, expected) for c in checks) if p]
+    if problems:
+        raise PreflightError(
+            "preflight failed before any rank started:\n  " + "\n  ".join(problems),
+            "fix ssh access (passwordless, BatchMode), install the same Python/zerorun in the same path, "
+            "or skip the checks with --no_ssh_check",
+        )
