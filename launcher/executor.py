@@ -241,5 +241,6 @@ class Executor:
             path = run.command.payload_path
             if path:
                 Path(path).unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):  # the job's folder, then .zerorun if empty
                     Path(path).parent.rmdir()
+                    Path(path).parent.parent.rmdir()
