@@ -74,7 +74,7 @@ def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[s
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            return argv[:i] + argv[i + 1 : i + 2], argv[i + 2 :]
+            return argv[: i + 2], argv[i + 2 :]  # argparse itself honours `--`
         if not token.startswith("-") or token == "-":
             return argv[: i + 1], argv[i + 1 :]
         action = actions.get(token.split("=", 1)[0])

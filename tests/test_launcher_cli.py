@@ -1,0 +1,137 @@
+"""The launcher end to end on this machine: argument splitting, --help, errors through
+the CLI's error boundary, --dry-run (text and JSON), config validation before any rank
+starts, and real local runs (2 CPU ranks on gloo; teardown on Ctrl-C and when the
+launcher itself is killed). No GPU here: CUDA_VISIBLE_DEVICES must stay unset."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.args import parse_args, parse_rank_list
+from launcher.errors import LaunchError
+from tests.launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
+
+ENV = {**os.environ, "HF_TOKEN": "hf_s3cret_value"}
+
+
+def run(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(zerorun_argv(*args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_options_stop_at_the_script() -> None:
+    ns = parse_args(["--num_gpus", "2", "--env=A=1", "--pass_local_rank", "t.py", "--num_gpus", "9", "--", "-x"])
+    assert (ns.num_gpus, ns.env, ns.pass_local_rank, ns.script) == (2, ["A=1"], True, "t.py")
+    assert ns.script_args == ["--num_gpus", "9", "--", "-x"]
+    assert parse_args(["--", "-weird.py", "a"]).script == "-weird.py"
+    assert parse_rank_list("0,2-4") == (0, 2, 3, 4)
+    with pytest.raises(LaunchError, match="--ranks 'x': bad item 'x'"):
+        parse_rank_list("x")
+
+
+def test_help_lists_every_option_with_examples(tmp_path: Path) -> None:
+    out = run("launch", "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus", "--nproc_per_node", "--master_addr",
+                 "--master_port", "--launcher", "--ssh_port", "--ssh_args", "--env", "--env_file", "--config",
+                 "--pass_local_rank", "--log_dir", "--ranks", "--kill_timeout", "--dry-run", "--json", "--no_ssh_check"):
+        assert flag in out.stdout, flag
+    assert "examples:" in out.stdout
+
+
+def test_missing_hostfile_fails_through_the_error_boundary(tmp_path: Path) -> None:
+    out = run("--hostfile", "nope", "t.py", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "error: hostfile 'nope' does not exist" in out.stderr and "hint:" in out.stderr
+
+
+def test_dry_run_json_and_text(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("n1 slots=2\nn2 slots=1 # small\n")
+    out = run("-H", "hosts", "--launcher", "ssh", "--master_port", "1234", "--dry-run", "--json", "t.py", "--lr", "1",
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {k: data[k] for k in ("world_size", "master_addr", "master_port", "nodes")} == {
+        "world_size": 3, "master_addr": "n1", "master_port": 1234,
+        "nodes": [{"host": "n1", "node_rank": 0, "slots": [0, 1], "ranks": [0, 1]},
+                  {"host": "n2", "node_rank": 1, "slots": [0], "ranks": [2]}],
+    }
+    assert [c[:2] + c[-2:-1] for c in data["commands"]] == [["ssh", "-T", "n1"], ["ssh", "-T", "n2"]]
+    assert data["commands"][1][-1].endswith("launcher.agent --node_rank 1")
+    assert "HF_TOKEN" in data["exported_env"] and "hf_s3cret_value" not in out.stdout
+    text = run("-H", "hosts", "--launcher", "pdsh", "--dry-run", "t.py", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "3 rank(s) on 2 node(s), launcher pdsh" in text.stdout
+    assert "n2    1     2             0            0" in text.stdout
+    assert "master    n1:29500  (first node of the hostfile (n1)" in text.stdout
+    assert "HF_TOKEN=<redacted>" in text.stdout and "hf_s3cret_value" not in text.stdout
+    assert "[node 1] PDSH_RCMD_TYPE=ssh" in text.stdout and "--node_rank 1 --payload" in text.stdout
+    assert not (tmp_path / ".zerorun").exists()  # a dry run contacts nobody and writes nothing
+
+
+def test_filter_errors_reach_the_user(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("n1 slots=2\n")
+    out = run("-H", "hosts", "--num_nodes", "3", "t.py", cwd=tmp_path)
+    assert out.returncode == 1 and "--num_nodes 3 is larger than the 1 node(s) available" in out.stderr
+
+
+def test_bad_config_stops_the_launch_before_any_rank(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    (tmp_path / "t.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 3, "train_micro_batch_size_per_gpu": 2}))
+    out = run("--num_gpus", "2", "--config", "ds.json", "t.py", cwd=tmp_path)
+    assert out.returncode == 1 and "train_batch_size" in out.stderr and not marker.exists()
+    out = run("--num_gpus", "2", "t.py", "--deepspeed_config", "ds.json", cwd=tmp_path)
+    assert out.returncode == 1 and "train_batch_size" in out.stderr and not marker.exists()
+    out = run("--config", "missing.yaml", "t.py", cwd=tmp_path)
+    assert out.returncode == 1 and "--config 'missing.yaml' does not exist" in out.stderr
+
+
+def test_num_gpus_2_without_gpus_runs_two_cpu_ranks(tmp_path: Path) -> None:
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}))
+    out = run("--num_gpus", "2", "--config", "ds.json", "--master_port", "auto", "--log_dir", "logs", "--ranks", "1",
+              "--pass_local_rank", str(SCRIPTS / "allreduce.py"), "a b", "$HOME", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[localhost:1] rank 1/2 local 1 node 0 sum 3 args ['a b', '$HOME', '--local_rank=1'] cvd None " \
+        f"config {tmp_path / 'ds.json'}" in out.stdout
+    assert "[localhost:0]" not in out.stdout  # --ranks 1 filters the console, not the logs
+    assert "rank 0/2 local 0" in (tmp_path / "logs" / "rank0.log").read_text()
+    assert "rank 1/2 local 1" in (tmp_path / "logs" / "rank1.log").read_text()
+
+
+def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], list[int]]:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    proc = subprocess.Popen(
+        zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--kill_timeout", "3", *extra,
+                     str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids)),
+        cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    files = [pids / f"rank{r}.pid" for r in range(2)]
+    try:
+        wait_for_files(files, timeout=60)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, [int(f.read_text()) for f in files]
+
+
+def test_launcher_killed_agents_take_their_ranks_down(tmp_path: Path) -> None:
+    proc, pids = _start_hanging(tmp_path)
+    proc.kill()  # SIGKILL: no handler runs; the agent sees EOF on stdin
+    proc.communicate(timeout=10)
+    assert wait_gone(pids, timeout=10) == []
+
+
+def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
+    proc, pids = _start_hanging(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "forwarding SIGINT" in err
+    assert wait_gone(pids, timeout=1) == []
