@@ -66,3 +66,9 @@ def test_no_hostfile_and_no_default_means_local(tmp_path: Path) -> None:
     default = tmp_path / "hostfile"
     default.write_text("n1 slots=2\n")
     assert find_hosts(None, default=str(default)) == (Host("n1", 2, 1),)
+
+
+@pytest.mark.parametrize("name", ["two-nodes", "mixed-slots", "slurm"])
+def test_example_hostfiles_parse(name: str) -> None:
+    hosts = read_hostfile(Path(__file__).parent.parent / "hostfiles" / name)
+    assert len(hosts) >= 2 and all(h.slots > 0 for h in hosts)
