@@ -104,12 +104,24 @@ def test_num_gpus_2_without_gpus_runs_two_cpu_ranks(tmp_path: Path) -> None:
     assert "rank 1/2 local 1" in (tmp_path / "logs" / "rank1.log").read_text()
 
 
+def test_env_and_gpu_devices_reach_the_ranks(tmp_path: Path) -> None:
+    # No GPU here: --devices gpu forces what an agent does on a GPU node (CUDA_VISIBLE_DEVICES = slots).
+    (tmp_path / "env.py").write_text(
+        "import os\nprint(os.environ['RANK'], os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ['MY_FLAG'],"
+        " os.environ['HF_TOKEN'])\n")
+    out = run("--num_gpus", "2", "--devices", "gpu", "--env", "MY_FLAG=a=b c", "env.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == [
+        "[localhost:0] 0 0,1 a=b c hf_s3cret_value", "[localhost:1] 1 0,1 a=b c hf_s3cret_value",
+    ]
+
+
 def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], list[int]]:
     pids = tmp_path / "pids"
     pids.mkdir()
     proc = subprocess.Popen(
-        zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--kill_timeout", "3", *extra,
-                     str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids)),
+        zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--kill_timeout", "3",
+                     str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), *extra),
         cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     files = [pids / f"rank{r}.pid" for r in range(2)]
@@ -134,4 +146,15 @@ def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "forwarding SIGINT" in err
+    assert wait_gone(pids, timeout=1) == []
+
+
+def test_second_ctrl_c_kills_ranks_that_ignore_the_first(tmp_path: Path) -> None:
+    proc, pids = _start_hanging(tmp_path, "--ignore_sigint")
+    proc.send_signal(signal.SIGINT)
+    assert wait_gone(pids, timeout=2) == pids  # forwarded, ignored: the ranks keep running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "second Ctrl-C: killing every rank" in err
     assert wait_gone(pids, timeout=1) == []
