@@ -43,6 +43,11 @@ ENV_OVERRIDES = "ZERORUN_TRIAL_OVERRIDES"
 ENV_STEPS = "ZERORUN_TRIAL_STEPS"
 ENV_WARMUP = "ZERORUN_TRIAL_WARMUP"
 ENV_RESULT = "ZERORUN_TRIAL_RESULT"
+ENV_MEMORY_CAP = "ZERORUN_TEST_MEMORY_CAP_BYTES"
+"""Tests only: a trial whose engine holds more bytes of model state than this raises
+``TrialMemoryCapExceeded`` (a ``MemoryError``, so it is recorded as ``oom``), the way a
+GPU run would raise ``torch.OutOfMemoryError``. Machines without GPUs have no other way
+to make a candidate run out of memory."""
 
 TOP_LEVEL_KNOBS = frozenset({"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
 """Knobs that live at the top of the config; every other knob is a ``zero_optimization`` key."""
@@ -58,6 +63,21 @@ class ResultStatus(str, Enum):
 
 class TrialProtocolError(ZerorunError):
     """The trial variables are malformed (set by hand, or by a mismatched zerorun)."""
+
+
+class TrialMemoryCapExceeded(MemoryError):
+    """The engine's model-state bytes passed ``ZERORUN_TEST_MEMORY_CAP_BYTES`` (tests only)."""
+
+
+def memory_cap(environ: Mapping[str, str] | None = None) -> int | None:
+    """The test memory cap in bytes, or None when unset."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_MEMORY_CAP)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise TrialProtocolError(f"{ENV_MEMORY_CAP}={raw!r} must be a number of bytes", hint=f"unset {ENV_MEMORY_CAP}")
+    return int(raw)
 
 
 def read_trial_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -151,6 +171,8 @@ class TrialRecorder:
 
     ``peak_bytes`` returns this rank's peak memory (e.g. ``torch.cuda.max_memory_allocated``,
     or a max all-reduced over ranks); ``exit`` ends the process (``sys.exit`` by default).
+    ``facts`` are written into the result as they are (e.g. the model's hidden size);
+    ``held_bytes`` and ``memory_cap`` implement the test memory cap (``ENV_MEMORY_CAP``).
     """
 
     def __init__(
@@ -162,6 +184,9 @@ class TrialRecorder:
         peak_bytes: Callable[[], int | None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         exit: Callable[[int], Any] = sys.exit,
+        facts: Mapping[str, Any] | None = None,
+        held_bytes: Callable[[], int] | None = None,
+        memory_cap: int | None = None,
     ) -> None:
         self.spec = spec
         self.rank = rank
@@ -169,6 +194,9 @@ class TrialRecorder:
         self._peak = peak_bytes or (lambda: None)
         self._clock = clock
         self._exit = exit
+        self.facts = dict(facts or {})
+        self._held = held_bytes
+        self._cap = memory_cap
         self._last = clock()
         self.steps_done = 0
         self.step_times: list[float] = []
@@ -185,6 +213,7 @@ class TrialRecorder:
 
     def step_done(self) -> bool:
         """Call after every optimizer step; after warm-up + steps it writes and exits."""
+        self.check_memory_cap()
         now = self._clock()
         if self.steps_done >= self.spec.warmup:
             self.step_times.append(now - self._last)
@@ -194,6 +223,14 @@ class TrialRecorder:
             return False
         self.finish()
         return True
+
+    def check_memory_cap(self) -> None:
+        """Raise ``TrialMemoryCapExceeded`` when the test cap is set and exceeded."""
+        if self._cap is None or self._held is None:
+            return
+        held = self._held()
+        if held > self._cap:
+            raise TrialMemoryCapExceeded(f"model state {held} bytes > test cap {self._cap} bytes ({ENV_MEMORY_CAP})")
 
     def result(self) -> dict[str, Any]:
         median = statistics.median(self.step_times) if self.step_times else None
@@ -205,6 +242,7 @@ class TrialRecorder:
             "error": None,
             "step_times_s": self.step_times,
             "rank": self.rank,
+            "facts": self.facts,
         }
 
     def finish(self) -> None:

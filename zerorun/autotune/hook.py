@@ -1,0 +1,86 @@
+"""The engine's side of a trial, in the two calls the engine makes.
+
+    source = trial_config(source)        # in initialize(): the trial's knobs over the user's config
+    self._trial = recorder_for(self)     # in Engine.__init__; after each optimizer step:
+    if self._trial is not None: self._trial.step_done()
+
+Outside a trial (no ``ZERORUN_TRIAL_*`` variables) both are no-ops: the source comes
+back unchanged and the recorder is None.
+
+The result's ``facts`` tell the tuner what it cannot see from outside: the model's
+hidden size (``config.hidden_size`` when the model has one, else the most common
+``in_features`` of its ``nn.Linear`` layers, ties to the smaller), its parameter
+count, the world size and what ``peak_bytes`` measured (``cuda_max_allocated`` on a
+GPU, else ``model_state``: the engine's memory breakdown total).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.autotune.protocol import (
+    TrialRecorder,
+    TrialSpec,
+    apply_overrides,
+    memory_cap,
+    read_trial_overrides,
+)
+
+
+def trial_config(source: str | Path | dict[str, Any]) -> str | Path | dict[str, Any]:
+    """``source`` itself outside a trial; inside one, its dict with the trial's knobs merged in."""
+    overrides = read_trial_overrides()
+    if overrides is None:
+        return source
+    from zerorun.config.read import read_source
+
+    data, _ = read_source(source)
+    return apply_overrides(data, overrides)
+
+
+def guess_hidden_size(model: nn.Module) -> int | None:
+    """``model.config.hidden_size``, else the most common ``nn.Linear`` input width."""
+    value = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    widths = Counter(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
+    if not widths:
+        dims = [m.embedding_dim for m in model.modules() if isinstance(m, nn.Embedding)]
+        return min(dims) if dims else None
+    top = max(widths.values())
+    return min(w for w, n in widths.items() if n == top)
+
+
+def _model_state_bytes(engine: Any) -> int:
+    return int(sum(engine.memory_breakdown().values()))
+
+
+def recorder_for(engine: Any) -> TrialRecorder | None:
+    """A recorder wired to ``engine`` when this process is a trial, else None."""
+    spec = TrialSpec.from_env()
+    if spec is None:
+        return None
+    device: torch.device = engine.device
+    on_gpu = device.type == "cuda"
+
+    def peak() -> int:
+        return int(torch.cuda.max_memory_allocated(device)) if on_gpu else _model_state_bytes(engine)
+
+    facts = {
+        "hidden_size": guess_hidden_size(engine.module),
+        "num_parameters": int(engine.num_parameters()),
+        "world_size": int(engine.ctx.world_size),
+        "stage": int(engine.zero_stage),
+        "peak_kind": "cuda_max_allocated" if on_gpu else "model_state",
+    }
+    recorder = TrialRecorder(
+        spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak, facts=facts,
+        held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
+    )
+    recorder.install_excepthook()
+    return recorder
