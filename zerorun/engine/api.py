@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerorun.autotune.hook import trial_config
 from zerorun.engine import precision as precision_mod
 from zerorun.engine.bootstrap import init_distributed
 from zerorun.engine.build import build_parts
@@ -145,6 +146,7 @@ def initialize(model: nn.Module | None = None, optimizer: Any = None, model_para
 
     ctx = init_distributed()
     source = resolve_config_source(config if config is not None else config_params, args)
+    source = trial_config(source)  # `zerorun autotune`: the trial's knobs over the user's config
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
     _check_supported(cfg)
     stage = policy_for_stage(cfg.zero_optimization.stage)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerorun.autotune.hook import recorder_for
 from zerorun.engine import figures, loss_scaler
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
@@ -61,6 +62,7 @@ class Engine:
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
         self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
+        self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
 
     # ---- the training loop -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -115,6 +117,8 @@ class Engine:
         self.global_steps += 1
         self.throughput.tick()
         self._report()
+        if self._trial is not None:
+            self._trial.step_done()
 
     def _report(self) -> None:
         every = self.config.steps_per_print
