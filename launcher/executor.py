@@ -31,6 +31,8 @@ from launcher.runners import NodeCommand, PayloadMode
 
 GRACE_S = 5.0
 """Extra seconds, past the agents' kill timeout, before the launcher kills its own children."""
+KILL_GRACE_S = 3.0
+"""After a second Ctrl-C: seconds the agents get to SIGKILL their ranks before they are killed too."""
 
 
 @dataclass
@@ -43,6 +45,7 @@ class NodeRun:
     readers: list[threading.Thread] = field(default_factory=list)
     reported: bool = False
     stdin_open: bool = True
+    rank_pids: tuple[int, ...] = ()
 
     def send(self, cmd: Command, close: bool = False) -> None:
         if self.proc.stdin is None or not self.stdin_open:
@@ -59,6 +62,14 @@ class NodeRun:
     def signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the command's group and, for a local agent, its ranks' groups."""
+        self.signal_group(signal.SIGKILL)
+        if not self.command.remote:
+            for pid in self.rank_pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -91,6 +102,7 @@ class Executor:
         self.started_at: dict[int, float] = {}
         self.interrupts = 0
         self.stopping_since: float | None = None
+        self.kill_at: float | None = None
         self._lock = threading.Lock()
 
     def _start(self, cmd: NodeCommand, payload: str) -> NodeRun:
@@ -137,6 +149,7 @@ class Executor:
         kind = event.get("event")
         if kind == "started":
             self.started_at[int(event.get("node_rank", -1))] = time.time()
+            run.rank_pids = tuple(int(p) for p in (event.get("pids") or {}).values())
         elif kind == "failed":
             run.reported = True
             failure = Failure.from_event(event)
@@ -167,17 +180,19 @@ class Executor:
 
     def stop_all(self, cmd: Command = Command.STOP) -> None:
         """Tell every node to stop (or, with INT, forward SIGINT; with KILL, kill now)."""
+        now = time.monotonic()
         if cmd is not Command.INT and self.stopping_since is None:
-            self.stopping_since = time.monotonic()
+            self.stopping_since = now
+            self.kill_at = now + self.plan.options.kill_timeout + GRACE_S
+        if cmd is Command.KILL:
+            self.kill_at = min(self.kill_at or now + KILL_GRACE_S, now + KILL_GRACE_S)
         for run in self.runs:
             if run.proc.poll() is not None:
                 continue
             if run.command.payload is PayloadMode.STDIN:
-                run.send(cmd, close=cmd is not Command.INT)
+                run.send(cmd, close=cmd is not Command.INT)  # the agent kills its ranks, then exits
             else:  # pdsh/srun treat one SIGINT as "print status": no way to forward it, so stop
                 run.signal_group(signal.SIGKILL if cmd is Command.KILL else signal.SIGTERM)
-            if cmd is Command.KILL:
-                run.signal_group(signal.SIGKILL)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.interrupts += 1
@@ -221,9 +236,9 @@ class Executor:
             for run in [r for r in pending if r.proc.poll() is not None]:
                 pending.remove(run)
                 self._on_exit(run)
-            if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.plan.options.kill_timeout + GRACE_S:
+            if self.kill_at is not None and time.monotonic() > self.kill_at:
                 for run in pending:
-                    run.signal_group(signal.SIGKILL)
+                    run.kill()
         self._drain_events()
 
     def _exit_code(self) -> int:
@@ -236,7 +251,7 @@ class Executor:
     def _cleanup(self) -> None:
         for run in self.runs:
             if run.proc.poll() is None:
-                run.signal_group(signal.SIGKILL)
+                run.kill()
                 run.proc.wait()
             path = run.command.payload_path
             if path:

@@ -63,6 +63,9 @@ class NodeCommand:
     payload: PayloadMode
     payload_path: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    remote: bool = True
+    """False for the local runner: its rank pids are this machine's, so the launcher can
+    kill their process groups itself if the agent had to be killed first."""
 
 
 def ssh_target(host: str) -> str:
@@ -89,7 +92,7 @@ def payload_file(payload_dir: str, node_rank: int) -> str:
 
 
 def local_commands(plan: LaunchPlan) -> list[NodeCommand]:
-    return [NodeCommand(tuple(agent_argv(plan, 0)), 0, plan.nodes[0].host, PayloadMode.STDIN)]
+    return [NodeCommand(tuple(agent_argv(plan, 0)), 0, plan.nodes[0].host, PayloadMode.STDIN, remote=False)]
 
 
 def ssh_commands(plan: LaunchPlan, ssh: SshOptions) -> list[NodeCommand]:
