@@ -103,6 +103,7 @@ class Executor:
         self.interrupts = 0
         self.stopping_since: float | None = None
         self.kill_at: float | None = None
+        self.signal_status = 130
         self._lock = threading.Lock()
 
     def _start(self, cmd: NodeCommand, payload: str) -> NodeRun:
@@ -196,6 +197,8 @@ class Executor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.interrupts += 1
+        if self.interrupts == 1:
+            self.signal_status = 128 + signum
         if signum != signal.SIGINT:
             self._note(f"received {signal.Signals(signum).name}; stopping every node")
             self.stop_all(Command.STOP)
@@ -245,7 +248,7 @@ class Executor:
         if self.failures:
             return self.failures[0].exit_code
         if self.interrupts:
-            return 130
+            return self.signal_status  # 130 for Ctrl-C, 143 for SIGTERM
         return 0
 
     def _cleanup(self) -> None:

@@ -7,6 +7,7 @@ preflight (ssh) and the executor touch other processes or hosts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -54,10 +55,15 @@ def resolve_nodes(ns: argparse.Namespace) -> tuple[tuple[NodeSlots, ...], bool]:
     return limit(select(hosts, ns.include, ns.exclude), ns.num_nodes, ns.num_gpus), False
 
 
+def is_this_machine(address: str) -> bool:
+    return address in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())
+
+
 def choose_runner(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> RunnerKind:
+    """--launcher, else local for this machine alone, pdsh (if installed) for several nodes, else ssh."""
     if ns.launcher:
         kind = RunnerKind(ns.launcher)
-    elif local:
+    elif local or (len(nodes) == 1 and is_this_machine(nodes[0].host.address)):
         kind = RunnerKind.LOCAL
     else:
         kind = RunnerKind.PDSH if len(nodes) > 1 and shutil.which("pdsh") else RunnerKind.SSH
@@ -158,7 +164,9 @@ def main(argv: list[str]) -> int:
     plan, config = make_plan(ns, nodes, local)
     commands = commands_for(ns, plan, kind)
     if ns.dry_run:
-        print(dump_json(plan_json(plan, commands, kind)) if ns.json else plan_text(plan, commands, kind, config))
+        text = dump_json(plan_json(plan, commands, kind)) if ns.json else plan_text(plan, commands, kind, config)
+        with contextlib.suppress(BrokenPipeError):  # `zerorun --dry-run ... | head`
+            print(text, flush=True)
         return 0
     if ns.json:
         raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")

@@ -74,6 +74,16 @@ def test_dry_run_json_and_text(tmp_path: Path) -> None:
     assert not (tmp_path / ".zerorun").exists()  # a dry run contacts nobody and writes nothing
 
 
+def test_default_runner_choice(tmp_path: Path) -> None:
+    (tmp_path / "one-local").write_text("localhost slots=2\n")
+    (tmp_path / "one-remote").write_text("n7 slots=2\n")
+    for hostfile, expected in (("one-local", "local"), ("one-remote", "ssh")):
+        out = run("-H", hostfile, "--dry-run", "--json", "t.py", cwd=tmp_path)
+        assert json.loads(out.stdout)["launcher"] == expected, out.stderr
+    out = run("--dry-run", "--json", "--num_gpus", "3", "t.py", cwd=tmp_path)
+    assert json.loads(out.stdout)["launcher"] == "local" and json.loads(out.stdout)["world_size"] == 3
+
+
 def test_filter_errors_reach_the_user(tmp_path: Path) -> None:
     (tmp_path / "hosts").write_text("n1 slots=2\n")
     out = run("-H", "hosts", "--num_nodes", "3", "t.py", cwd=tmp_path)
