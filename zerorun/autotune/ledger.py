@@ -52,6 +52,7 @@ class TrialRecord:
     predicted_bytes: int | None = None
     reason: str = ""
     duration_s: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)  # what the engine reported (hidden size, ...)
     recorded_at: float = field(default_factory=time.time)
 
     @classmethod

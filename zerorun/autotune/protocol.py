@@ -257,7 +257,7 @@ class TrialRecorder:
         path = self.spec.result_path.with_name(f"{self.spec.result_path.name}.rank{self.rank}")
         write_json_atomic(path, {
             "status": status.value, "median_step_s": None, "samples_per_s": None, "peak_bytes": self._peak(),
-            "error": f"{type(exc).__name__}: {exc}"[:2000], "step_times_s": self.step_times, "rank": self.rank,
+            "error": f"{type(exc).__name__}: {exc}"[:2000], "step_times_s": self.step_times, "rank": self.rank, "facts": self.facts,
         })
 
     def install_excepthook(self) -> None:

@@ -1,13 +1,76 @@
-"""`zerorun autotune`: bucket and prefetch sizes by short trials (filled in by the autotune work)."""
+"""`zerorun autotune`: bucket and prefetch sizes chosen by short real trials."""
 
 from __future__ import annotations
 
-from zerorun.errors import ZerorunError
+import typer
+from rich.console import Console
+
+from zerorun.autotune.args import AutotuneArgs, durations, parse_autotune_args
+from zerorun.autotune.display import LiveProgress, dry_run_table, results_table, space_lines
+from zerorun.autotune.runner import TrialRunner
+from zerorun.autotune.start import load_start
+from zerorun.autotune.tuner import TuneOptions, Tuner
 
 
-def command() -> None:
-    """Find the fastest bucket and prefetch sizes by short real trials.
+def _world_size(args: AutotuneArgs) -> int:
+    from launcher.main import resolve_nodes
+
+    nodes, _ = resolve_nodes(args.ns)
+    return sum(len(n.slots) for n in nodes)
+
+
+def _options(args: AutotuneArgs) -> TuneOptions:
+    from pathlib import Path
+
+    from zerorun.estimate import parse_bytes, parse_param_count
+
+    ns = args.ns
+    budget, timeout = durations(ns)
+    return TuneOptions(
+        out_dir=Path(ns.out), metric=ns.metric, time_budget_s=budget, trial_timeout_s=timeout,
+        hidden_size=ns.hidden_size, params=parse_param_count(ns.params) if ns.params else None,
+        gpu_memory=parse_bytes(ns.gpu_memory) if ns.gpu_memory else None,
+        knobs=tuple(k.strip() for k in ns.knobs.split(",") if k.strip()) if ns.knobs else None,
+        grid_points=ns.grid_points, max_rounds=ns.rounds,
+    )
+
+
+def build_tuner(argv: list[str]) -> tuple[Tuner, AutotuneArgs]:
+    """Everything checked before any trial runs: options, world size, config, space."""
+    args = parse_autotune_args(argv)
+    ns = args.ns
+    start = load_start(ns.config, world_size=_world_size(args), stage=ns.stage, hidden_size=ns.hidden_size,
+                       tune_micro_batch=ns.tune_micro_batch)
+    runner = TrialRunner(args.launcher_args, args.script, args.script_args, warmup=ns.warmup_steps,
+                         steps=ns.trial_steps, fixed=start.fixed)
+    tuner = Tuner(start, runner, _options(args))
+    tuner.space(ns.hidden_size)  # a bad --knobs fails here, before the baseline runs
+    return tuner, args
+
+
+def command(ctx: typer.Context) -> None:
+    """Tune ZeRO bucket and prefetch sizes by short real trials (see `zerorun autotune -h`).
 
     Example: zerorun autotune --num_gpus 2 --config ds.yaml train.py
     """
-    raise ZerorunError("`zerorun autotune` is not built yet", hint="see the open autotune issue")
+    tuner, args = build_tuner(list(ctx.args))
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    if args.ns.dry_run:
+        space, plan, note = tuner.plan()
+        for line in space_lines(space):
+            err.print(line, markup=False)
+        out.print(dry_run_table(space, plan, note))
+        return
+    err.print(f"zerorun autotune: stage {tuner.start.stage}, {tuner.start.world_size} ranks, "
+              f"ledger {tuner.ledger.path}", markup=False)
+    with LiveProgress(tuner.start.knobs, err) as progress:
+        tuner.progress = progress
+        report = tuner.run()
+    out.print(results_table(report, tuner.opts.metric))
+    gain = report.result.gain_over_start()
+    summary = f"{report.ran} trial(s) run, {report.replayed} from the ledger, {report.wall_s:.1f}s"
+    if gain is not None:
+        summary += f"; best is {gain:+.1%} over the starting config"
+    out.print(summary, markup=False)
+    out.print(f"best config: {report.best_path} (stopped: {report.result.stop.value})", markup=False)
