@@ -38,9 +38,11 @@ app = typer.Typer(
 app.command("validate")(validate.command)
 app.command("print-config")(print_config.command)
 app.command("estimate")(estimate.command)
-app.command("autotune", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    autotune.command
-)
+app.command(
+    "autotune",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,  # its own parser prints the launcher + autotune options
+)(autotune.command)
 app.command("report")(report.command)
 
 
