@@ -108,7 +108,7 @@ class Tuner:
                             "launcher": list(runner.launcher_args), "warmup": runner.warmup, "steps": runner.steps},
                            runner.script, runner.script_args)
         self.ledger = Ledger(options.out_dir / "ledger.jsonl")
-        self.done = {k: r for k, r in self.ledger.done(self.key).items() if r.status is not Outcome.PRUNED}
+        self.done = self.ledger.done(self.key)  # knob_key -> its latest record in this run
         self.records: dict[str, TrialRecord] = {}
         self.ctx: MemoryContext | None = None
         self.timeout_s = options.trial_timeout_s
@@ -130,7 +130,11 @@ class Tuner:
         verdict = check(self.ctx, knobs)
         if verdict.fits:
             return None
-        if key not in self.records:
+        if key in self.records:
+            return verdict.reason
+        if key in self.done and self.done[key].status is Outcome.PRUNED:
+            self._note(self.done[key], replayed=True)
+        else:
             record = TrialRecord(self.key, dict(knobs), Outcome.PRUNED, predicted_bytes=verdict.predicted_bytes,
                                  reason=verdict.reason)
             self.ledger.append(record)
@@ -145,7 +149,7 @@ class Tuner:
         index = len(self.records) + 1
         self.planned = max(self.planned, index)
         self.progress.started(index, self.planned, knobs, phase)
-        if key in self.done:
+        if key in self.done and self.done[key].status is not Outcome.PRUNED:
             self.replayed += 1
             return self._note(self.done[key], replayed=True).outcome()
         trial_dir = self.opts.out_dir / "trials" / f"{self.key}-{index:03d}"
