@@ -85,14 +85,20 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float | None) -> bool:
         proc.wait(timeout=timeout_s)
         return False
     except subprocess.TimeoutExpired:
-        pass
+        _stop(proc)
+        return True
+    except BaseException:  # Ctrl-C: the trial has its own session, so stop it before leaving
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
     _signal_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=TERM_GRACE_S)
     except subprocess.TimeoutExpired:
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
-    return True
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
