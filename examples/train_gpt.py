@@ -112,7 +112,7 @@ def main() -> None:
         n = sum(p.numel() for p in model.parameters())
         print(f"tiny GPT: {n:,} parameters (embeddings tied), vocab {len(data.chars)}, "
               f"ZeRO stage {engine.zero_stage}, {engine.precision.name}", flush=True)
-    step, micro, epoch = 0, 0, 0
+    step, micro, epoch, window = 0, 0, 0, []
     while step < args.steps:
         loader.sampler.set_epoch(epoch)
         for x, y in loader:
@@ -121,10 +121,13 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
             micro += 1
+            window.append(loss.item())
             if micro % engine.gradient_accumulation_steps():
                 continue
-            if rank == 0 and (step % args.print_every == 0 or step == args.steps - 1):
-                print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
+            if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
+                print(f"step {step:3d}  loss {sum(window) / len(window):.4f}", flush=True)
+            if (step + 1) % args.print_every == 0:
+                window.clear()
             step += 1
             if step >= args.steps:
                 break

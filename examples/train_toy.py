@@ -71,14 +71,19 @@ def main() -> None:
         n = sum(p.numel() for p in model.parameters())
         print(f"toy MLP: {n:,} parameters, ZeRO stage {engine.zero_stage}, {engine.precision.name}, "
               f"{world} ranks x micro batch {micro} x {gas} accumulation steps", flush=True)
+    window: list[float] = []  # losses since the last print: their mean is far less noisy than one batch
     for step in range(args.steps):
         for k in range(gas):
             x, y = batch(step * gas + k, rank, world, micro, args.hidden, teacher)
             loss = F.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
-        if rank == 0 and (step % args.print_every == 0 or step == args.steps - 1):
-            print(f"step {step:3d}  loss {loss.item():.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+            window.append(loss.item())
+        if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
+            mean = sum(window) / len(window)
+            print(f"step {step:3d}  loss {mean:.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+        if (step + 1) % args.print_every == 0:
+            window.clear()
     if rank == 0:
         print(f"memory per rank (bytes): {engine.memory_breakdown()}", flush=True)
 
