@@ -74,14 +74,15 @@ def test_dry_run_json_and_text(tmp_path: Path) -> None:
     assert not (tmp_path / ".zerorun").exists()  # a dry run contacts nobody and writes nothing
 
 
-def test_default_runner_choice(tmp_path: Path) -> None:
+def test_default_runner_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.main import main
+
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "one-local").write_text("localhost slots=2\n")
     (tmp_path / "one-remote").write_text("n7 slots=2\n")
-    for hostfile, expected in (("one-local", "local"), ("one-remote", "ssh")):
-        out = run("-H", hostfile, "--dry-run", "--json", "t.py", cwd=tmp_path)
-        assert json.loads(out.stdout)["launcher"] == expected, out.stderr
-    out = run("--dry-run", "--json", "--num_gpus", "3", "t.py", cwd=tmp_path)
-    assert json.loads(out.stdout)["launcher"] == "local" and json.loads(out.stdout)["world_size"] == 3
+    for args, expected in ((["-H", "one-local"], "local"), (["-H", "one-remote"], "ssh"), (["--num_gpus", "3"], "local")):
+        assert main([*args, "--dry-run", "--json", "t.py"]) == 0
+        assert json.loads(capsys.readouterr().out)["launcher"] == expected, args
 
 
 def test_filter_errors_reach_the_user(tmp_path: Path) -> None:
@@ -131,7 +132,7 @@ def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], 
     pids.mkdir()
     proc = subprocess.Popen(
         zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--kill_timeout", "3",
-                     str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), *extra),
+                     str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch", *extra),
         cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     files = [pids / f"rank{r}.pid" for r in range(2)]

@@ -71,7 +71,7 @@ def _start_hanging(server: SshServer, tmp_path: Path) -> tuple[subprocess.Popen[
     pids = tmp_path / "pids"
     pids.mkdir()
     argv = _launch_args(server, tmp_path, "ssh", "--no_ssh_check", "--kill_timeout", "3",
-                        str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids))
+                        str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch")
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     files = [pids / f"rank{r}.pid" for r in range(4)]
     try:

@@ -8,20 +8,22 @@ import signal
 import sys
 import time
 
-import torch.distributed as dist
-
 p = argparse.ArgumentParser()
 p.add_argument("--pid_dir", required=True)
 p.add_argument("--fail_rank", type=int, default=-1)
 p.add_argument("--exit_code", type=int, default=7)
 p.add_argument("--signal", default=None, help="e.g. SIGKILL: the failing rank kills itself")
+p.add_argument("--no_torch", action="store_true", help="skip the gloo barrier (teardown tests that need no group)")
 p.add_argument("--ignore_sigint", action="store_true", help="survive a forwarded Ctrl-C (a second one kills)")
 args = p.parse_args()
 if args.ignore_sigint:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 rank = int(os.environ["RANK"])
-dist.init_process_group("gloo")
-dist.barrier()
+if not args.no_torch:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
 with open(os.path.join(args.pid_dir, f"rank{rank}.pid"), "w") as fh:
     fh.write(str(os.getpid()))
 if rank == args.fail_rank:
