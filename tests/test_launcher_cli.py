@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
 
 from launcher.args import parse_args, parse_rank_list
 from launcher.errors import LaunchError
-from tests.launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
 
 ENV = {**os.environ, "HF_TOKEN": "hf_s3cret_value"}
 

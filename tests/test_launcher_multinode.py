@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_files, wait_gone, zerorun_argv  # noqa: F401
+from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_files, wait_gone, zerorun_argv  # noqa: F401
 
 TRICKY = ["a b", "it's", "$HOME", "100%h", 'q"q']
 
