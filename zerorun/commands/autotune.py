@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 import typer
 from rich.console import Console
 
@@ -48,6 +51,10 @@ def build_tuner(argv: list[str]) -> tuple[Tuner, AutotuneArgs]:
     return tuner, args
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the runner, which stops the running trial
+
+
 def command(ctx: typer.Context) -> None:
     """Tune ZeRO bucket and prefetch sizes by short real trials (see `zerorun autotune -h`).
 
@@ -64,6 +71,7 @@ def command(ctx: typer.Context) -> None:
         return
     err.print(f"zerorun autotune: stage {tuner.start.stage}, {tuner.start.world_size} ranks, "
               f"ledger {tuner.ledger.path}", markup=False)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with LiveProgress(tuner.start.knobs, err) as progress:
         tuner.progress = progress
         report = tuner.run()
