@@ -25,12 +25,12 @@ from torch import nn
 
 from zerorun.autotune.hook import trial_config
 from zerorun.engine import precision as precision_mod
-from zerorun.engine.bootstrap import init_distributed
+from zerorun.engine.bootstrap import DistContext, init_distributed
 from zerorun.engine.build import build_parts
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
-from zerorun.engine.errors import EngineError
+from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.schedulers import build_scheduler
@@ -142,10 +142,21 @@ def initialize(model: nn.Module | None = None, optimizer: Any = None, model_para
         raise EngineError("initialize() needs model=", "pass the nn.Module to train: initialize(model=model, ...)")
     if mpu is not None:
         raise EngineError("model parallelism (mpu=) is not supported", "drop mpu=; the engine is data-parallel")
-    from zerorun.config import load_config
 
     ctx = init_distributed()
-    source = resolve_config_source(config if config is not None else config_params, args)
+    try:
+        return _initialize(ctx, model, optimizer, model_parameters, config if config is not None else config_params,
+                           lr_scheduler, training_data, collate_fn, args)
+    except EngineError as e:  # errors inside ranks start with [rank N]
+        raise EngineError(rank_prefixed(ctx.rank, e.message), e.hint) from e
+
+
+def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parameters: Any, config: Any,
+                lr_scheduler: Any, training_data: Any, collate_fn: Any,
+                args: Any) -> tuple[Engine, torch.optim.Optimizer, Any, Any]:
+    from zerorun.config import load_config
+
+    source = resolve_config_source(config, args)
     source = trial_config(source)  # `zerorun autotune`: the trial's knobs over the user's config
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
     _check_supported(cfg)
