@@ -73,6 +73,7 @@ def test_time_budget_stops_the_search() -> None:
     result = coarse_to_fine(space, fake, out_of_time=lambda: next(budget))
     assert result.stop is StopReason.BUDGET
     assert len(fake.calls) == 1 + 3  # the start, then three candidates before time ran out
+    assert result.rounds == 1  # stopped inside round 1, which counts
 
 
 def test_everything_failing_is_reported() -> None:

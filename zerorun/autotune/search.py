@@ -152,7 +152,7 @@ def coarse_to_fine(
         for knob, choices in values.items():
             for value in choices:
                 if out_of_time():
-                    return _finish(result, s, StopReason.BUDGET, round_index)
+                    return _finish(result, s, StopReason.BUDGET, round_index + 1)  # the round it stopped in counts
                 base = s.best.knobs if s.best else space.start
                 candidate = with_value(base, knob, value)
                 fresh += knob_key(candidate) not in s.seen
