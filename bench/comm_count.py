@@ -31,6 +31,8 @@ _RULES = {
     "reduce_scatter_tensor": lambda a, k: _nbytes(a[1] if len(a) > 1 else k.get("input")),
     "reduce_scatter": lambda a, k: _nbytes(a[1] if len(a) > 1 else k.get("input_list")),
     "all_gather_into_tensor": lambda a, k: _nbytes(a[0] if a else k.get("output_tensor")),
+    "all_gather_single": lambda a, k: _nbytes(a[0] if a else k.get("output_tensor")),
+    "reduce_scatter_single": lambda a, k: _nbytes(a[1] if len(a) > 1 else k.get("input")),
     "all_gather": lambda a, k: _nbytes(a[0] if a else k.get("tensor_list")),
 }
 
@@ -38,7 +40,9 @@ _RULES = {
 def install() -> None:
     """Wrap the counted functions of ``torch.distributed`` (idempotent)."""
     for name, rule in _RULES.items():
-        orig = getattr(dist, name)
+        orig = getattr(dist, name, None)
+        if orig is None:
+            continue
         if getattr(orig, "_counted", False):
             continue
 
