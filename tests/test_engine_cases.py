@@ -58,6 +58,8 @@ class Case:
     overlap: bool = False
     optimizer: str = "AdamW"  # SGD too: Adam's scale invariance would hide gradient-scaling bugs
     bucket: int = 60
+    comm_dtype: str | None = None  # communication_data_type
+    predivide: float | None = None  # prescale_gradients with this gradient_predivide_factor
 
     @property
     def lr(self) -> float:
@@ -75,7 +77,10 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"stage{self.stage}-{self.dtype}-gas{self.gas}-clip{self.clip}-{self.optimizer}-overlap{int(self.overlap)}"
+        extra = (f"-comm{self.comm_dtype}" if self.comm_dtype else "") + (
+            f"-predivide{self.predivide}" if self.predivide else "")
+        return (f"stage{self.stage}-{self.dtype}-gas{self.gas}-clip{self.clip}-{self.optimizer}"
+                f"-overlap{int(self.overlap)}{extra}")
 
     def config(self) -> dict:
         cfg: dict = {
@@ -89,6 +94,10 @@ class Case:
         }
         if self.dtype == "bf16":
             cfg["bf16"] = {"enabled": True}
+        if self.comm_dtype:
+            cfg["communication_data_type"] = self.comm_dtype
+        if self.predivide:
+            cfg.update(prescale_gradients=True, gradient_predivide_factor=self.predivide)
         return cfg
 
 
@@ -101,6 +110,8 @@ def all_cases() -> list[Case]:
                     sgd = (gas == 3) != (clip > 0)
                     cases.append(Case(stage, dtype, gas, clip, overlap=(gas == 3) == (dtype == "bf16"),
                                       optimizer="SGD" if sgd else "AdamW"))
+    cases.append(Case(1, "bf16", 1, 0.0, overlap=True, optimizer="SGD", comm_dtype="fp32"))
+    cases.append(Case(2, "fp32", 3, 0.05, overlap=True, optimizer="SGD", predivide=2.0))
     return cases
 
 
