@@ -68,6 +68,11 @@ class Pending:
         self._then = then
         self.done = False
 
+    def then(self, fn: Callable[[], None]) -> Pending:
+        """Run ``fn`` once the collective has completed (at ``wait()``)."""
+        self._then = fn
+        return self
+
     def wait(self) -> None:
         if self.done:
             return

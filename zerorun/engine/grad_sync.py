@@ -103,8 +103,7 @@ class GradSyncBase:
         if self.pre != 1.0:
             comm.mul_(self.pre)
         op = self.coll.reduce_scatter if scatter else self.coll.all_reduce
-        pending = op(comm, async_op=self.policy.overlap_comm)
-        pending._then = lambda: then(comm)
+        pending = op(comm, async_op=self.policy.overlap_comm).then(lambda: then(comm))
         if not self.policy.overlap_comm:
             pending.wait()
         else:
