@@ -1,0 +1,57 @@
+"""Read an engine's layout (bucket -> parameter names, shapes, offsets) and its owned chunks.
+
+The only place the checkpoint code looks inside the engine's buckets and master shards;
+everything else works on the pure :mod:`manifest` entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine.checkpoint.manifest import BucketEntry, ParamEntry
+
+
+def param_names(module: nn.Module) -> tuple[dict[int, str], dict[str, str]]:
+    """``id(param) -> name`` (first name of each tensor) and the tied aliases ``other name -> first name``."""
+    names: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in names:
+            aliases[name] = names[id(p)]
+        else:
+            names[id(p)] = name
+    return names, aliases
+
+
+def engine_layout(engine: Any) -> tuple[tuple[BucketEntry, ...], dict[str, str]]:
+    names, aliases = param_names(engine.module)
+    buckets = []
+    for b in engine.parts.buckets:
+        params = tuple(ParamEntry(names[id(p)], tuple(slot.shape), slot.offset, slot.numel)
+                       for p, slot in zip(b.params, b.plan.slots, strict=True))
+        buckets.append(BucketEntry(b.plan.group_index, b.plan.padded_numel, params))
+    return tuple(buckets), aliases
+
+
+def owned_parts(engine: Any) -> tuple[int, int]:
+    """(parts, index): the masters hold chunk ``index`` of ``parts`` of every bucket."""
+    masters = engine.parts.masters
+    return (engine.ctx.world_size, engine.ctx.rank) if masters.sharded else (1, 0)
+
+
+def chunk_of(flat: torch.Tensor, padded_numel: int, owned: tuple[int, int], world: int, rank: int) -> torch.Tensor:
+    """Chunk ``rank`` of ``world`` of a bucket, from a tensor that holds the owned range ``owned``."""
+    parts, _ = owned
+    if parts == world:
+        return flat.reshape(-1)
+    size = padded_numel // world
+    return flat.reshape(-1).narrow(0, rank * size, size)
+
+
+def extra_state(module: nn.Module, stored: set[str], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Entries of ``module.state_dict()`` the buckets do not hold: buffers and frozen parameters."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()
+            if k not in stored and k not in aliases}

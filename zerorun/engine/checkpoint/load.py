@@ -1,0 +1,130 @@
+"""``engine.load_checkpoint``: validate the manifest against the model, then fill the owned ranges.
+
+Each rank computes (``reshard.plan_copies``) which saved chunks overlap its owned
+ranges under the *current* world size and stage, reads only those rank files, copies the
+pieces into its fp32 masters and optimizer state, then publishes the masters into the
+compute parameters (an all-gather when sharded). The small state (counters, scaler,
+scheduler, RNG) comes from saved rank ``rank mod N``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerorun.engine.checkpoint import layout, reshard, state
+from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.engine.checkpoint.manifest import (
+    EXTRA,
+    LATEST,
+    MANIFEST,
+    Manifest,
+    layout_differences,
+    rank_file,
+)
+from zerorun.engine.offload.resident import resident
+
+
+def list_tags(root: Path) -> list[str]:
+    """Complete tags under ``root`` (directories holding a manifest), oldest first."""
+    if not root.is_dir():
+        return []
+    tags = [d for d in root.iterdir() if not d.name.startswith(".") and (d / MANIFEST).is_file()]
+    return [d.name for d in sorted(tags, key=lambda d: d.stat().st_mtime)]
+
+
+def resolve(root: Path, tag: str | None) -> Path:
+    """The directory of ``tag`` (``latest`` when None); errors list the tags that exist."""
+    tags = list_tags(root)
+    listing = ", ".join(tags) if tags else "none"
+    if tag is None:
+        latest = root / LATEST
+        if not latest.is_file():
+            raise CheckpointError(f"{root}: no '{LATEST}' file, so no tag to load (complete tags: {listing})",
+                                  "pass tag= explicitly, or save_checkpoint() into this directory first")
+        tag = latest.read_text().strip()
+    path = root / tag
+    if (path / MANIFEST).is_file():
+        return path
+    moved = root / f".{tag}.old"  # a re-save of this tag was interrupted between its two renames
+    if (moved / MANIFEST).is_file():
+        return moved
+    raise CheckpointError(f"{root}: checkpoint tag {tag!r} does not exist or is incomplete "
+                          f"(complete tags: {listing})", "pass one of the listed tags")
+
+
+def read_manifest(path: Path) -> Manifest:
+    try:
+        return Manifest.from_json((path / MANIFEST).read_text())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path / MANIFEST}: unreadable manifest ({e})",
+                              "the checkpoint is damaged; load an earlier tag") from e
+
+
+def read_rank(path: Path, rank: int) -> dict[str, Any]:
+    file = path / rank_file(rank)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"{file}: cannot read the rank file ({e})",
+                              "the checkpoint is incomplete or damaged; load an earlier tag") from e
+
+
+def check_model(manifest: Manifest, path: Path, current: tuple[Any, ...]) -> None:
+    model = {p.name: p.shape for b in current for p in b.params}
+    diffs = layout_differences(manifest.shapes(), model)
+    if diffs:
+        raise CheckpointError(f"{path} was saved from a different model: " + "; ".join(diffs),
+                              "load it into the model it was saved from (same parameter names and shapes), "
+                              "or convert it with `zerorun convert` and load the tensors you need")
+
+
+def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, Any]], optimizer_states: bool) -> None:
+    masters = engine.parts.masters.masters
+    if optimizer_states:
+        for m in masters:
+            engine.optimizer.state.pop(m, None)
+    with torch.no_grad():
+        for c in copies:
+            src = files[c.src_rank]["buckets"][c.src_bucket]
+            dst = masters[c.dst_bucket]
+            dst.data.view(-1).narrow(0, c.dst_pos, c.length).copy_(src["master"].narrow(0, c.src_pos, c.length))
+            if not optimizer_states:
+                continue
+            st = engine.optimizer.state.setdefault(dst, {})
+            for k, v in src["state"].items():
+                if torch.is_tensor(v) and v.dim() == 1 and v.numel() == src["master"].numel() and v.numel() > 1:
+                    if k not in st:
+                        st[k] = torch.zeros_like(dst.data, dtype=v.dtype)
+                    st[k].view(-1).narrow(0, c.dst_pos, c.length).copy_(v.narrow(0, c.src_pos, c.length))
+                elif k not in st:
+                    st[k] = v.clone() if torch.is_tensor(v) else v
+
+
+def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
+                    load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                    load_module_only: bool = False) -> tuple[str, dict[str, Any]]:
+    """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``."""
+    path = resolve(Path(load_dir), tag)
+    manifest = read_manifest(path)
+    current, _ = layout.engine_layout(engine)
+    check_model(manifest, path, current)
+    parts, index = layout.owned_parts(engine)
+    copies = reshard.plan_copies(manifest.buckets, manifest.world_size,
+                                 reshard.chunk_pieces(current, parts, index))
+    own = engine.ctx.rank % manifest.world_size
+    needed = set(reshard.ranks_to_read(copies)) | {own}
+    files = {r: read_rank(path, r) for r in sorted(needed)}
+    optimizer_states = load_optimizer_states and not load_module_only
+    with resident(engine.parts.masters):
+        _fill(engine, copies, files, optimizer_states)
+        engine.parts.masters.publish(engine.coll)
+    if (path / EXTRA).is_file():
+        engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True), strict=False)
+    if not load_module_only:
+        state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states)
+    engine.parts.grad_sync.zero()
+    return str(path), files[own].get("client_state", {})

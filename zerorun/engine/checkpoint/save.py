@@ -1,0 +1,135 @@
+"""``engine.save_checkpoint``: every rank writes its chunks, rank 0 commits the tag.
+
+Order (each file written to a temporary name, fsynced and renamed):
+
+1. every rank writes ``rank_NNNNN.pt`` into the staging directory ``save_dir/.TAG.saving``;
+2. the ranks agree that every rank file is durable (one all-reduce, which also
+   carries failures: a rank that could not write makes every rank raise);
+3. rank 0 writes ``manifest.json`` into the staging directory, renames it to
+   ``save_dir/TAG`` (an older ``TAG`` is first moved aside to ``.TAG.old``), and
+   finally rewrites ``latest``.
+
+A crash before step 3 leaves only a staging directory, which no loader reads; ``latest``
+still names the previous complete tag. The checkpoint directory must be on a file
+system every rank sees (one directory per node is not a checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zerorun import __version__
+from zerorun.engine.checkpoint import atomic, layout, state
+from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
+from zerorun.engine.offload.resident import resident
+
+PAUSE_ENV = "ZERORUN_TEST_CHECKPOINT_PAUSE_S"  # test hook: sleep after this rank's file is durable
+
+
+def staging_dir(root: Path, tag: str) -> Path:
+    return root / f".{tag}.saving"
+
+
+def previous_dir(root: Path, tag: str) -> Path:
+    return root / f".{tag}.old"
+
+
+def check_tag(tag: str) -> str:
+    if not tag or "/" in tag or tag.startswith(".") or tag == LATEST:
+        raise CheckpointError(f"checkpoint tag {tag!r} is not a plain directory name",
+                              "use a tag like 'global_step100' (no '/', not starting with '.', not 'latest')")
+    return tag
+
+
+def agree(engine: Any, ok: bool, what: str) -> None:
+    """All ranks learn whether every rank succeeded at ``what``; raise on all of them if not."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    if engine.ctx.world_size > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=engine.ctx.group)
+    if not flag.item():
+        raise CheckpointError(f"[rank {engine.ctx.rank}] checkpoint save failed: {what} failed on some rank",
+                              "see the first rank's error above; check the directory is writable "
+                              "and has free space on every node")
+
+
+def rank_payload(engine: Any, client_state: dict[str, Any]) -> dict[str, Any]:
+    """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
+    parts, rank, world = engine.parts, engine.ctx.rank, engine.ctx.world_size
+    owned = layout.owned_parts(engine)
+    buckets = []
+    with resident(parts.masters):
+        for b, m in zip(parts.buckets, parts.masters.masters, strict=True):
+            padded = b.plan.padded_numel
+            chunk = layout.chunk_of(m.detach(), padded, owned, world, rank)
+            opt_state: dict[str, Any] = {}
+            for k, v in engine.optimizer.state.get(m, {}).items():
+                is_chunk = torch.is_tensor(v) and v.numel() == m.numel() and v.numel() > 1
+                opt_state[k] = (layout.chunk_of(v, padded, owned, world, rank).cpu().clone() if is_chunk
+                                else (v.cpu().clone() if torch.is_tensor(v) else v))
+            buckets.append({"master": chunk.float().cpu().clone(), "state": opt_state})
+    return {"rank": rank, "buckets": buckets, "engine": state.capture(engine), "client_state": client_state}
+
+
+def write_extra(engine: Any, staging: Path) -> None:
+    """Rank 0: the module's buffers and frozen parameters (replicated, so written once)."""
+    entries, aliases = layout.engine_layout(engine)
+    stored = {p.name for b in entries for p in b.params}
+    atomic.torch_save(layout.extra_state(engine.module, stored, aliases), staging / EXTRA)
+
+
+def _commit(engine: Any, root: Path, tag: str, save_latest: bool) -> None:
+    """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
+    entries, aliases = layout.engine_layout(engine)
+    manifest = Manifest(world_size=engine.ctx.world_size, stage=engine.zero_stage, dtype=engine.precision.name,
+                        zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
+                        aliases=aliases, optimizer=type(engine.optimizer).__name__)
+    staging, final, old = staging_dir(root, tag), root / tag, previous_dir(root, tag)
+    atomic.write_text(staging / MANIFEST, manifest.to_json())
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        atomic.rename_dir(final, old)
+    atomic.rename_dir(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+    if save_latest:
+        atomic.write_text(root / LATEST, tag)
+
+
+def save_checkpoint(engine: Any, save_dir: str | os.PathLike[str], tag: str | None = None,
+                    client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
+    """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it."""
+    root = Path(save_dir)
+    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
+    staging = staging_dir(root, tag)
+    error: BaseException | None = None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if engine.ctx.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # left by an earlier crash
+            staging.mkdir()
+    except OSError as e:
+        error = e
+    agree(engine, error is None, f"creating {staging} ({error})")
+    try:
+        atomic.torch_save(rank_payload(engine, dict(client_state or {})), staging / rank_file(engine.ctx.rank))
+        if engine.ctx.rank == 0:
+            write_extra(engine, staging)
+    except OSError as e:
+        error = e
+    if os.environ.get(PAUSE_ENV):
+        time.sleep(float(os.environ[PAUSE_ENV]))
+    agree(engine, error is None, f"writing {staging / rank_file(engine.ctx.rank)} ({error})")
+    if engine.ctx.rank == 0:
+        try:
+            _commit(engine, root, tag, save_latest)
+        except OSError as e:
+            error = e
+    agree(engine, error is None, f"committing {root / tag} ({error})")
+    return root / tag
