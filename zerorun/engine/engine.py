@@ -203,3 +203,20 @@ class Engine:
     def num_parameters(self) -> int:
         """Trainable parameters managed by the engine (without padding)."""
         return sum(b.plan.numel for b in self.parts.buckets)
+
+    # ---- checkpoints (zerorun.engine.checkpoint) ----------------------------------------------
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
+                        save_latest: bool = True) -> str:
+        """Save ``save_dir/tag`` (never torn; loadable at any world size); every rank calls it."""
+        from zerorun.engine.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest))
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[str, dict[str, Any]]:
+        """Load ``load_dir/tag`` (``latest`` by default); returns ``(path, client_state)``."""
+        from zerorun.engine.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                               load_module_only)
