@@ -34,6 +34,7 @@ from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.schedulers import build_scheduler
+from zerorun.engine.stage3 import build_stage3_parts
 from zerorun.engine.stages import policy_for_stage
 
 CONFIG_ENV = "ZERORUN_CONFIG"
@@ -169,7 +170,10 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
                           overlap_comm=bool(zero.overlap_comm))
-    parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce)
+    if stage.shard_parameters:
+        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce)
+    else:
+        parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     loader = None

@@ -126,3 +126,7 @@ class FlatBucket:
 
     def grad_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [self.view(flat, s) for s in self.plan.slots]
+
+    def held_bytes(self) -> int:
+        """Bytes of parameter storage this rank holds for the bucket (stage 3 overrides: shard + gathered)."""
+        return self.data.numel() * self.data.element_size()

@@ -183,6 +183,13 @@ class Engine:
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return self.module.state_dict(*args, **kwargs)
 
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """Write the full 16-bit (compute-dtype) state dict; rank 0 writes, stage 3 gathers unit by unit."""
+        from zerorun.engine.save16 import save_16bit_model
+
+        return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
     def set_sequence_length(self, tokens_per_sample: int) -> None:
         """Report tokens/s too (tokens per sample = the sequence length)."""
         self.throughput.tokens_per_sample = tokens_per_sample
@@ -192,7 +199,7 @@ class Engine:
         """Bytes of model state this rank holds; see :mod:`zerorun.engine.figures` for each key."""
         parts = self.parts
         grads, buffers = parts.grad_sync.held_bytes()
-        params = sum(b.data.numel() * b.data.element_size() for b in parts.buckets)
+        params = sum(b.held_bytes() for b in parts.buckets)
         return figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
                                         optimizer_state_bytes(self.optimizer), buffers)
 

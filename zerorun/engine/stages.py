@@ -22,6 +22,7 @@ class StagePolicy:
     stage: int
     shard_optimizer: bool  # fp32 master + optimizer state only for the rank's chunk
     shard_gradients: bool  # only the rank's reduced gradient chunk is kept
+    shard_parameters: bool = False  # stage 3: parameters too live as shards (built by engine/stage3.py)
 
     def grad_sync(self, buckets: list[FlatBucket], coll: Collectives, reduce: ReducePolicy) -> GradSyncBase:
         if self.shard_gradients:
@@ -33,13 +34,11 @@ _POLICIES = {
     0: StagePolicy(0, shard_optimizer=False, shard_gradients=False),
     1: StagePolicy(1, shard_optimizer=True, shard_gradients=False),
     2: StagePolicy(2, shard_optimizer=True, shard_gradients=True),
+    3: StagePolicy(3, shard_optimizer=True, shard_gradients=True, shard_parameters=True),
 }
 
 
 def policy_for_stage(stage: int) -> StagePolicy:
-    if stage == 3:
-        raise EngineError("zero_optimization.stage 3 is not available in this engine yet",
-                          "use stage 0, 1 or 2 (stage 2 shards gradients and optimizer state)")
     if stage not in _POLICIES:
         raise EngineError(f"zero_optimization.stage must be 0-3, got {stage}", "set stage to 0, 1, 2 or 3")
     return _POLICIES[stage]

@@ -1,0 +1,236 @@
+"""Just-in-time gathering of stage-3 parameter buckets, with the first step's order replayed for prefetch.
+
+A *unit* is a module whose own (``recurse=False``) trainable parameters are non-empty;
+its buckets are the buckets holding those parameters (a tied parameter lives in the
+bucket of the first module that registered it, and every other module using it lists
+that bucket too). Events, all on the calling thread:
+
+* ``pre_unit`` - before a unit's forward (module forward pre-hook) and before its
+  backward (a hook on the unit's forward outputs, fired when their gradient arrives):
+  the unit's buckets are gathered (waiting for a prefetch in flight), then, while this
+  pass follows the recorded order, the next buckets of the order are all-gathered
+  asynchronously, bounded by ``prefetch_numel`` elements in flight and ``max_live``
+  elements gathered in all.
+* ``post_forward`` - the unit's buckets are released unless persistent, still used by
+  an enclosing unit, needed again within ``max_reuse`` elements of the recorded order
+  (while under ``max_live``), or the forward is an activation-checkpoint recomputation
+  inside backward.
+* ``post_backward_bucket`` - all of a bucket's gradients have been accumulated (so no
+  backward node still needs its values): released.
+* ``end_pass`` (after backward) - everything in flight is waited for and every
+  non-persistent bucket released; the first training pass becomes the recorded order.
+
+A pass whose events leave the recorded order (data-dependent control flow) stops
+prefetching and gathers on demand for the rest of that pass: prefetching is only an
+optimisation, every unit still gathers what it needs. All ranks must run the same units
+in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from zerorun.engine.param_state import ParamState
+from zerorun.engine.partition import PartitionedBucket
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    name: str
+    buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GatherPolicy:
+    prefetch_numel: int  # stage3_prefetch_bucket_size: elements in flight ahead of use (0: no prefetch)
+    max_live: int  # stage3_max_live_parameters: cap on gathered elements when prefetching or keeping
+    max_reuse: int  # stage3_max_reuse_distance: keep a bucket needed again within this many elements
+
+
+@dataclass
+class GatherStats:
+    fallbacks: int = 0  # passes that left the recorded order
+    prefetched: int = 0  # buckets all-gathered ahead of use
+    peak_live_numel: int = 0  # most non-persistent elements gathered or in flight at once
+    history: list[int] = field(default_factory=list)
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+class GatherCoordinator:
+    def __init__(self, buckets: list[PartitionedBucket], units: list[Unit], policy: GatherPolicy) -> None:
+        self.buckets = buckets
+        self.units = units
+        self.policy = policy
+        self.stats = GatherStats()
+        self.trace: list[int] | None = None
+        self.current: list[int] = []
+        self.pos = 0
+        self.on_order = False
+        self.active = [0] * len(buckets)  # enclosing forwards using each bucket right now
+        self.live: set[int] = {i for i, b in enumerate(buckets)
+                               if not b.persistent and b.state is not ParamState.SHARDED}
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def attach(self, root: nn.Module, modules: list[nn.Module]) -> None:
+        for unit, module in zip(self.units, modules, strict=True):
+            self.handles.append(module.register_forward_pre_hook(
+                lambda _m, _a, u=unit.index: self.pre_forward(u)))
+            self.handles.append(module.register_forward_hook(
+                lambda _m, _a, out, u=unit.index: self.post_forward(u, out)))
+        self.handles.append(root.register_forward_pre_hook(lambda _m, _a: self.begin_forward(), prepend=True))
+
+    def begin_forward(self) -> None:
+        if self.current and not _in_backward():  # a forward without backward (eval) ended
+            self.end_pass(record=False)
+
+    def pre_forward(self, u: int) -> None:
+        for bi in self.units[u].buckets:
+            self.active[bi] += 1
+        self.pre_unit(u)
+
+    def post_forward(self, u: int, output: object) -> object:
+        for bi in self.units[u].buckets:
+            self.active[bi] -= 1
+        if _in_backward():  # activation checkpointing recomputes inside backward: keep for the backward
+            return output
+        if torch.is_grad_enabled():
+            self._hook_outputs(u, output)
+        for bi in self.units[u].buckets:
+            self._maybe_release(bi)
+        return output
+
+    def _hook_outputs(self, u: int, output: object) -> None:
+        fired = [False]
+
+        def pre_backward(grad: torch.Tensor) -> None:
+            if not fired[0]:
+                fired[0] = True
+                self.pre_unit(u)
+
+        for t in tree_flatten(output)[0]:
+            if torch.is_tensor(t) and t.requires_grad:
+                t.register_hook(pre_backward)
+
+    # ---- gathering ----------------------------------------------------------------------------
+    def pre_unit(self, u: int) -> None:
+        self._advance(u)
+        for bi in self.units[u].buckets:
+            self._gather(bi)
+        if self.on_order and self.policy.prefetch_numel > 0:
+            self._prefetch()
+
+    def _advance(self, u: int) -> None:
+        self.current.append(u)
+        if not self.on_order:
+            return
+        assert self.trace is not None
+        if self.pos < len(self.trace) and self.trace[self.pos] == u:
+            self.pos += 1
+        else:
+            self.on_order = False
+            self.stats.fallbacks += 1
+
+    def _gather(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if b.state is ParamState.GATHERED:
+            return
+        b.gather()
+        self._track(bi)
+
+    def _track(self, bi: int) -> None:
+        if not self.buckets[bi].persistent:
+            self.live.add(bi)
+        self.stats.peak_live_numel = max(self.stats.peak_live_numel, self.live_numel())
+
+    def live_numel(self) -> int:
+        return sum(self.buckets[i].plan.padded_numel for i in self.live)
+
+    def _inflight_numel(self) -> int:
+        return sum(self.buckets[i].plan.padded_numel for i in self.live
+                   if self.buckets[i].state is ParamState.IN_FLIGHT)
+
+    def _prefetch(self) -> None:
+        assert self.trace is not None
+        inflight, live = self._inflight_numel(), self.live_numel()
+        for u in self.trace[self.pos:]:
+            for bi in self.units[u].buckets:
+                b = self.buckets[bi]
+                if b.state is not ParamState.SHARDED:
+                    continue
+                n = b.plan.padded_numel
+                if inflight + n > self.policy.prefetch_numel or live + n > self.policy.max_live:
+                    return
+                b.gather_async()
+                self.stats.prefetched += 1
+                inflight += n
+                live += n
+                self._track(bi)
+
+    # ---- releasing ----------------------------------------------------------------------------
+    def _maybe_release(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if b.persistent or self.active[bi] > 0 or b.state is not ParamState.GATHERED:
+            return
+        if self._needed_soon(bi) and self.live_numel() <= self.policy.max_live:
+            return
+        b.release()
+        self.live.discard(bi)
+
+    def _needed_soon(self, bi: int) -> bool:
+        """Is bucket ``bi`` used again within ``max_reuse`` elements of the recorded order?"""
+        if not self.on_order or self.trace is None:
+            return False
+        between = 0
+        seen: set[int] = set()
+        for u in self.trace[self.pos:]:
+            buckets = self.units[u].buckets
+            if bi in buckets:
+                return True
+            for other in buckets:
+                if other not in seen:
+                    seen.add(other)
+                    between += self.buckets[other].plan.padded_numel
+            if between > self.policy.max_reuse:
+                return False
+        return False
+
+    def post_backward_bucket(self, bi: int) -> None:
+        if self.active[bi] == 0:
+            self._release_now(bi)
+
+    def _release_now(self, bi: int) -> None:
+        b = self.buckets[bi]
+        if b.persistent or b.state is ParamState.SHARDED:
+            return
+        if b.state is ParamState.IN_FLIGHT:
+            b.wait()
+        b.release()
+        self.live.discard(bi)
+
+    def end_pass(self, record: bool = True) -> None:
+        for bi in sorted(self.live):
+            self._release_now(bi)
+        self.stats.history.append(len(self.current))
+        if record and self.trace is None and self.current:
+            self.trace = list(self.current)
+        self.current = []
+        self.pos = 0
+        self.on_order = self.trace is not None
+        self.active = [0] * len(self.buckets)
+
+    def after_step(self) -> None:
+        """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
+        for bi in sorted(self.live):
+            self._release_now(bi)
+        for b in self.buckets:
+            if b.persistent:
+                b.refresh()

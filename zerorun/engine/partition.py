@@ -1,0 +1,136 @@
+"""Stage 3's parameter storage: a :class:`FlatBucket` whose full buffer exists only while gathered.
+
+A bucket holds the parameters of one module unit. ``local`` (this rank's chunk, in the
+compute dtype) is the only copy held while the bucket is :attr:`ParamState.SHARDED`;
+the parameters then point at an empty placeholder. Gathering allocates the full padded
+buffer, writes ``local`` into this rank's chunk, all-gathers (the same
+:meth:`Collectives.all_gather` as stages 1-2) and re-binds the parameters as views of
+the buffer; releasing drops the buffer and re-points the parameters at the placeholder.
+With fp32 compute ``local`` is also the fp32 master the optimizer steps (an alias).
+
+Each partitioned parameter carries ``param.zr_bucket`` (its bucket), which is how
+``zero.GatheredParameters`` and the engine find it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
+from zerorun.engine.collectives import Collectives, Pending
+from zerorun.engine.param_state import ParamState, check_transition
+
+BUCKET_ATTR = "zr_bucket"
+
+
+def bucket_of(param: torch.Tensor) -> PartitionedBucket | None:
+    return getattr(param, BUCKET_ATTR, None)
+
+
+def unit_bucket(params: list[nn.Parameter], coll: Collectives, name: str, group_index: int = 0
+                ) -> PartitionedBucket:
+    """One bucket for all of ``params`` (a module unit is never split), laid out by :func:`plan_buckets`."""
+    shapes = [p.shape for p in params]
+    plans = plan_buckets(shapes, max(1, sum(s.numel() for s in shapes)), coll.world_size, group_index)
+    assert len(plans) == 1
+    return PartitionedBucket(plans[0], [params[i] for i in plans[0].param_indices], coll, name)
+
+
+class PartitionedBucket(FlatBucket):
+    def __init__(self, plan: BucketPlan, params: list[nn.Parameter], coll: Collectives, name: str) -> None:
+        """``params`` in the plan's slot order; they become views of the (gathered) buffer."""
+        super().__init__(plan, params, coll.world_size, coll.rank)  # gathered: full buffer, params bound
+        self.coll = coll
+        self.name = name
+        self.state = ParamState.GATHERED
+        self.persistent = False
+        self.provisional = False  # made by zero.Init; replaced by the engine's buckets at initialize
+        self.local: torch.Tensor | None = None
+        self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
+        self._pending: Pending | None = None
+        self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
+        for p in params:
+            setattr(p, BUCKET_ATTR, self)
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def seal(self) -> None:
+        """Take this rank's chunk of the (gathered, rank-consistent) buffer as the persistent shard."""
+        self.local = self.shard(self.data).clone()
+
+    def cast_(self, dtype: torch.dtype) -> None:
+        if self.local is not None and self.local.dtype != dtype:
+            self.local = self.local.to(dtype)
+        self._placeholder = self._placeholder.to(dtype)
+        if self.state is ParamState.GATHERED:
+            super().cast_(dtype)
+        else:
+            self.data = self._placeholder
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def _move(self, new: ParamState) -> None:
+        check_transition(self.state, new, f"parameter bucket {self.name}")
+        self.state = new
+
+    def gather_async(self) -> None:
+        """SHARDED -> IN_FLIGHT: allocate the full buffer and start the all-gather."""
+        self._move(ParamState.IN_FLIGHT)
+        assert self.local is not None
+        self.data = torch.empty(self.plan.padded_numel, dtype=self.local.dtype, device=self.local.device)
+        self.shard(self.data).copy_(self.local)
+        self._pending = self.coll.all_gather(self.data, async_op=True)
+
+    def wait(self) -> None:
+        """IN_FLIGHT -> GATHERED: the buffer is complete; the parameters become views of it."""
+        self._move(ParamState.GATHERED)
+        assert self._pending is not None
+        self._pending.wait()
+        self._pending = None
+        self.bind()
+
+    def gather(self) -> None:
+        """Whatever the state, end GATHERED (blocking)."""
+        if self.state is ParamState.SHARDED:
+            self.gather_async()
+        if self.state is ParamState.IN_FLIGHT:
+            self.wait()
+
+    def release(self) -> None:
+        """GATHERED -> SHARDED: drop the full buffer; the parameters point at an empty placeholder."""
+        self._move(ParamState.SHARDED)
+        for p in self.params:
+            p.data = self._placeholder
+        self.data = self._placeholder  # dtype and device stay readable; no elements
+
+    def refresh(self) -> None:
+        """A gathered bucket whose shard changed (optimizer step): all-gather again in place."""
+        if self.state is ParamState.GATHERED:
+            assert self.local is not None
+            self.shard(self.data).copy_(self.local)
+            self.coll.all_gather(self.data)
+
+    def retire(self) -> None:
+        """A ``zero.Init`` bucket whose parameters moved into the engine's buckets: drop its storage."""
+        self.data = self._placeholder
+        self.local = None
+        self.master = None
+        self.params = []
+
+    def scatter_from(self, src: int) -> None:
+        """After rank ``src`` edited the gathered parameters: broadcast, and every rank keeps its chunk."""
+        assert self.state is ParamState.GATHERED and self.local is not None
+        self.coll.broadcast(self.data, src=src)
+        self.local.copy_(self.shard(self.data))
+        if self.master is not None:
+            self.master.copy_(self.local)
+
+    # ---- figures ------------------------------------------------------------------------------
+    @property
+    def live_numel(self) -> int:
+        """Elements of the full buffer currently allocated (0 when sharded)."""
+        return 0 if self.state is ParamState.SHARDED else self.plan.padded_numel
+
+    def held_bytes(self) -> int:
+        local = self.local.numel() * self.local.element_size() if self.local is not None else 0
+        full = self.live_numel * self._placeholder.element_size()
+        return local + full

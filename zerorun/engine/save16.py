@@ -1,0 +1,68 @@
+"""``engine.save_16bit_model``: one file with the full parameters in the compute dtype.
+
+Stages 0-2 hold whole parameters: the module's ``state_dict()`` is written as is. At
+stage 3 ``engine.module.state_dict()`` holds empty placeholders for sharded parameters
+(as DeepSpeed's does), so this gathers the parameters unit by unit - every rank takes
+part in each all-gather, only one unit is whole at a time - copies them out, and
+releases them again; rank 0 writes the file (to a temporary name, then renamed).
+Stage 3 needs ``zero_optimization.stage3_gather_16bit_weights_on_model_save: true``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine.errors import EngineError
+from zerorun.engine.param_state import ParamState
+from zerorun.engine.partition import bucket_of
+
+
+def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in module.named_modules():
+        head = f"{prefix}." if prefix else ""
+        for name, p in m._parameters.items():
+            if p is None or (exclude_frozen and not p.requires_grad):
+                continue
+            b = bucket_of(p)
+            was_sharded = b is not None and b.state is not ParamState.GATHERED
+            if was_sharded:
+                b.gather()
+            out[head + name] = p.detach().clone().cpu()
+            if was_sharded:
+                b.release()
+        for name, buf in m._buffers.items():
+            if buf is not None and name not in m._non_persistent_buffers_set:
+                out[head + name] = buf.detach().clone().cpu()
+    return out
+
+
+def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
+                     exclude_frozen_parameters: bool = False) -> bool:
+    zero = engine.config.zero_optimization
+    if engine.zero_stage == 3:
+        if not zero.stage3_gather_16bit_weights_on_model_save:
+            raise EngineError("save_16bit_model at stage 3 needs the parameters gathered, which the config "
+                              "does not allow",
+                              "set zero_optimization.stage3_gather_16bit_weights_on_model_save: true "
+                              "(or save a checkpoint and consolidate it)")
+        state = _gathered_state_dict(engine.module, exclude_frozen_parameters)
+    else:
+        state = {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()
+                 if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
+    if engine.ctx.rank == 0:
+        path = Path(save_dir) / save_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    return True
+
+
+def _frozen_names(module: nn.Module) -> set[str]:
+    return {n for n, p in module.named_parameters() if not p.requires_grad}
