@@ -67,7 +67,7 @@ def train(engine: Any, rank: int, world: int, first: int, steps: int) -> list[fl
         loss = loss_fn(engine(x[sl]), y[sl])
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

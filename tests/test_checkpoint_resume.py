@@ -84,7 +84,7 @@ def test_load_at_world_4_and_other_stage(phases: dict[str, Any], name: str) -> N
         rtol = 1e-5 if "fp32" in name else 2**-10
         for n, p in r["end"]["params"].items():
             torch.testing.assert_close(p, straight[n], rtol=rtol, atol=1e-6 if "fp32" in name else 1e-3,
-                                       msg=lambda m, n=n: f"[rank {rank}] {name} continued at world 4: {n}: {m}")
+                                       msg=lambda m, n=n, rank=rank: f"[rank {rank}] {name} continued at world 4: {n}: {m}")
 
 
 @pytest.mark.parametrize("name", NAMES)

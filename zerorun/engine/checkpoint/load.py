@@ -33,7 +33,7 @@ def list_tags(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     tags = [d for d in root.iterdir() if not d.name.startswith(".") and (d / MANIFEST).is_file()]
-    return [d.name for d in sorted(tags, key=lambda d: d.stat().st_mtime)]
+    return [d.name for d in sorted(tags, key=lambda d: (d.stat().st_mtime, d.name))]
 
 
 def resolve(root: Path, tag: str | None) -> Path:
