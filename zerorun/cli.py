@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from zerorun.commands import autotune, estimate, print_config, report, validate
+from zerorun.commands import autotune, convert, estimate, print_config, report, validate
 from zerorun.errors import ZerorunError
 
 app = typer.Typer(
@@ -44,6 +44,7 @@ app.command(
     add_help_option=False,  # its own parser prints the launcher + autotune options
 )(autotune.command)
 app.command("report")(report.command)
+app.command("convert")(convert.command)
 
 
 @app.command(
