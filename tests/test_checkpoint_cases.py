@@ -48,7 +48,8 @@ class Case:
         return cfg
 
 
-CASES = [Case(0), Case(1, overlap=True), Case(2), Case(2, "fp16", overlap=True)]
+CASES = [Case(0), Case(1, overlap=True), Case(2), Case(3), Case(2, "fp16", overlap=True)]
+NEXT_STAGE = {0: 1, 1: 2, 2: 3, 3: 1}  # each checkpoint is also loaded into an engine of this stage
 
 
 def build(case: Case, world: int, stage: int | None = None, seed: int = 1234) -> Any:
@@ -72,8 +73,12 @@ def train(engine: Any, rank: int, world: int, first: int, steps: int) -> list[fl
 
 
 def snapshot(engine: Any) -> dict[str, Any]:
+    from zerorun.zero import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):  # stage 3: whole parameters to compare
+        params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
     return {
-        "params": {n: p.detach().float().clone() for n, p in engine.module.named_parameters()},
+        "params": params,
         "loss_scale": engine.loss_scale,
         "scaler": engine.scaler,
         "lr": engine.get_lr(),
@@ -101,7 +106,7 @@ def reshard_phase(rank: int, world: int, root: str) -> dict[str, Any]:
     out = {}
     for case in CASES:
         loaded = {}
-        for stage in (case.stage, (case.stage + 1) % 3):
+        for stage in (case.stage, NEXT_STAGE[case.stage]):
             engine = build(case, world, stage=stage, seed=99)  # other initial weights: the load must replace them
             _, client = engine.load_checkpoint(str(Path(root) / case.name))
             loaded[stage] = snapshot(engine)

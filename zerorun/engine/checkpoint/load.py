@@ -121,7 +121,7 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
     optimizer_states = load_optimizer_states and not load_module_only
     with resident(engine.parts.masters):
         _fill(engine, copies, files, optimizer_states)
-        engine.parts.masters.publish(engine.coll)
+        layout.publish_masters(engine)
     if (path / EXTRA).is_file():
         engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True), strict=False)
     if not load_module_only:
