@@ -1,0 +1,55 @@
+"""Optimizer offload to host memory (``offload_optimizer.device: cpu``), stages 1-3.
+
+Wraps the stage's master shards (built non-aliased, so each is a separate fp32 copy)
+and moves every master to host memory; the optimizer then steps there (torch's CPU
+kernels: foreach, or fused for Adam/AdamW when the optimizer asks for it). At the step:
+the reduced gradient shards are copied down (``non_blocking``, one sync), the wrapped
+masters step, and their publish copies the updated masters up into the compute
+parameters (a cross-device ``copy_``, cast to the compute dtype) before the all-gather.
+With a CPU compute device (this project's tests) every copy is a no-op on the same
+device, so the path runs but moves nothing; the GPU copies are exercised only on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.offload.policy import OffloadPolicy
+
+HOST = torch.device("cpu")
+
+
+class HostMasters:
+    """The wrapped masters with their data in host memory; anything not overridden is delegated."""
+
+    def __init__(self, inner: Any, policy: OffloadPolicy) -> None:
+        assert not inner.alias, "offloaded masters must be separate copies (build them with alias=False)"
+        self.inner = inner
+        self.policy = policy
+        for b, m in zip(inner.buckets, inner.masters, strict=True):
+            m.data = policy.host_copy(m.data)
+            if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
+                b.master = m.data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def to_host(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Gradient shards as fp32 host tensors (the same tensors when they are already there)."""
+        out = [g.to(HOST, torch.float32, non_blocking=True) for g in grads]
+        if any(g.device.type == "cuda" for g in grads):
+            torch.cuda.synchronize()  # the non-blocking copies must land before the CPU step reads them
+        return out
+
+    def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
+             coll: Collectives) -> None:
+        self.inner.step(optimizer, self.to_host(owned_grads), multiplier, coll)
+
+    def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
+        self.inner.set_grads(self.to_host(owned_grads), multiplier)
+
+    def host_bytes(self) -> int:
+        return sum(m.numel() * m.element_size() for m in self.inner.masters)
