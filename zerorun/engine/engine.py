@@ -106,10 +106,8 @@ class Engine:
                               NonFiniteGradientWarning, stacklevel=3)
         else:
             self._grad_norm = norm_sq ** 0.5 / scale
-            parts.masters.set_grads(owned, clip_multiplier(norm_sq, scale, self.config.gradient_clipping))
-            self.optimizer.step()
-            parts.masters.clear_grads()
-            parts.masters.publish(self.coll)
+            multiplier = clip_multiplier(norm_sq, scale, self.config.gradient_clipping)
+            parts.masters.step(self.optimizer, owned, multiplier, self.coll)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
         self.scaler = loss_scaler.update(self.scaler, self.precision.scaler, overflow)

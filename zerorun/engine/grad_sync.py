@@ -173,6 +173,8 @@ class PartitionedGradSync(GradSyncBase):
         self.free: list[torch.Tensor] = [self._new() for _ in range(2 if policy.overlap_comm else 1)]
         self.extra_allocated = 0
         self.staging: dict[int, torch.Tensor] = {}
+        self.filled: dict[int, list[bool]] = {}
+        self.fresh = [True] * len(buckets)  # the accumulator holds nothing yet: overwrite, not add
 
     def _reduces_now(self) -> bool:
         return True  # DeepSpeed's stage 2 reduces on every micro-step
@@ -184,8 +186,8 @@ class PartitionedGradSync(GradSyncBase):
             self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
             self.free.append(self._new())
         buf = self.free.pop()
-        buf.zero_()
         self.staging[bucket_index] = buf
+        self.filled[bucket_index] = [False] * len(self.buckets[bucket_index].params)
         return buf
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
@@ -195,19 +197,30 @@ class PartitionedGradSync(GradSyncBase):
         slot = self.buckets[bucket_index].plan.slots[slot_index]
         if param.grad is not None:
             buf.narrow(0, slot.offset, slot.numel).copy_(param.grad.reshape(-1))
+            self.filled[bucket_index][slot_index] = True
         param.grad = None
 
     def _launch(self, bucket_index: int) -> None:
         self.tracker.launched[bucket_index] = True
         bucket = self.buckets[bucket_index]
-        buf = self.staging.pop(bucket_index, None)
-        if buf is None:
-            buf = self._acquire(bucket_index)
-            self.staging.pop(bucket_index)
+        if bucket_index not in self.staging:
+            self._acquire(bucket_index)
+        buf = self.staging.pop(bucket_index)
+        filled = self.filled.pop(bucket_index)
+        # the staging buffer is reused: zero what no gradient overwrote (padding, unused parameters)
+        for slot, ok in zip(bucket.plan.slots, filled, strict=True):
+            if not ok:
+                buf.narrow(0, slot.offset, slot.numel).zero_()
+        buf.narrow(0, bucket.plan.numel, bucket.plan.padded_numel - bucket.plan.numel).zero_()
         flat = buf.narrow(0, 0, bucket.plan.padded_numel)
 
         def done(comm: torch.Tensor) -> None:
-            self.acc[bucket_index].add_(bucket.shard(comm), alpha=self.post)
+            acc, part = self.acc[bucket_index], bucket.shard(comm)
+            if self.fresh[bucket_index]:
+                torch.mul(part, self.post, out=acc)
+                self.fresh[bucket_index] = False
+            else:
+                acc.add_(part, alpha=self.post)
             self.free.append(buf)
 
         self._reduce(flat, True, done)
@@ -218,6 +231,7 @@ class PartitionedGradSync(GradSyncBase):
     def zero(self) -> None:
         for a in self.acc:
             a.zero_()
+        self.fresh = [True] * len(self.buckets)
 
     def held_bytes(self) -> tuple[int, int]:
         grads = sum(a.numel() * a.element_size() for a in self.acc)

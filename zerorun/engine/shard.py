@@ -50,28 +50,29 @@ class MasterShards:
             group["params"] = groups.get(gi, [])
         optimizer.state.clear()
 
-    def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
-        """Point each master's ``.grad`` at the owned reduced gradient (fp32), times ``multiplier``."""
-        for m, g in zip(self.masters, owned_grads, strict=True):
+    def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
+             coll: Collectives) -> None:
+        """Step bucket by bucket; each updated bucket's all-gather runs while the next one steps.
+
+        ``owned_grads`` are the reduced gradients of the owned chunks; ``multiplier`` unscales
+        and clips. The optimizer skips parameters without ``.grad``, so each call steps one
+        bucket's master (per-parameter state such as Adam's step count is unaffected).
+        """
+        pending = []
+        for b, m, g in zip(self.buckets, self.masters, owned_grads, strict=True):
             g32 = g if g.dtype == torch.float32 else g.float()
             if multiplier != 1.0:
                 g32.mul_(multiplier)
             m.grad = g32
-
-    def clear_grads(self) -> None:
-        for m in self.masters:
+            optimizer.step()
             m.grad = None
-
-    def publish(self, coll: Collectives) -> None:
-        """Copy masters into the compute buffers and, when sharded, all-gather the buckets."""
-        if not self.alias:
-            with torch.no_grad():
-                for b, m in zip(self.buckets, self.masters, strict=True):
+            if not self.alias:
+                with torch.no_grad():
                     self.owned(b, b.data).copy_(m)
-        if self.sharded:
-            pending = [coll.all_gather(b.data, async_op=True) for b in self.buckets]
-            for p in pending:
-                p.wait()
+            if self.sharded:
+                pending.append(coll.all_gather(b.data, async_op=True))
+        for p in pending:
+            p.wait()
 
     def held_bytes(self) -> int:
         return 0 if self.alias else sum(m.numel() * m.element_size() for m in self.masters)
