@@ -74,6 +74,29 @@ class MasterShards:
         for p in pending:
             p.wait()
 
+    # The whole-step sequence (set_grads -> optimizer.step -> clear_grads -> publish), kept for
+    # callers that step all buckets at once; the engine itself uses the overlapped ``step``.
+    def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
+        for m, g in zip(self.masters, owned_grads, strict=True):
+            g32 = g if g.dtype == torch.float32 else g.float()
+            if multiplier != 1.0:
+                g32.mul_(multiplier)
+            m.grad = g32
+
+    def clear_grads(self) -> None:
+        for m in self.masters:
+            m.grad = None
+
+    def publish(self, coll: Collectives) -> None:
+        """Copy masters into the compute buffers and, when sharded, all-gather the buckets."""
+        if not self.alias:
+            with torch.no_grad():
+                for b, m in zip(self.buckets, self.masters, strict=True):
+                    self.owned(b, b.data).copy_(m)
+        if self.sharded:
+            for p in [coll.all_gather(b.data, async_op=True) for b in self.buckets]:
+                p.wait()
+
     def held_bytes(self) -> int:
         return 0 if self.alias else sum(m.numel() * m.element_size() for m in self.masters)
 
