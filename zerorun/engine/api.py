@@ -32,6 +32,7 @@ from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.grad_sync import ReducePolicy
+from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.stage3 import build_stage3_parts
@@ -115,11 +116,11 @@ def _make_scheduler(cfg: Any, lr_scheduler: Any, optimizer: torch.optim.Optimize
 
 def _check_supported(cfg: Any) -> None:
     zero = cfg.zero_optimization
-    for name in ("offload_optimizer", "offload_param"):
-        device = getattr(getattr(zero, name, None), "device", "none")
-        if device not in (None, "none"):
-            raise EngineError(f"zero_optimization.{name}.device={device!r} is not available in this engine yet",
-                              f"remove zero_optimization.{name} (or set its device to none)")
+    device = getattr(getattr(zero, "offload_param", None), "device", "none")
+    if device not in (None, "none"):
+        raise EngineError(f"zero_optimization.offload_param.device={device!r} is not available in this engine yet",
+                          "remove zero_optimization.offload_param (or set its device to none); "
+                          "offload_optimizer (cpu or nvme) is available")
 
 
 def initialize(model: nn.Module | None = None, optimizer: Any = None, model_parameters: Any = None,
@@ -170,10 +171,11 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
                           overlap_comm=bool(zero.overlap_comm))
+    offload = offload_from_config(zero)
     if stage.shard_parameters:
-        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce)
+        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce, offload)
     else:
-        parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce)
+        parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce, offload)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     loader = None

@@ -19,6 +19,7 @@ from zerorun.engine.buckets import FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import MasterShards
 from zerorun.engine.stages import StagePolicy
@@ -55,7 +56,7 @@ def optimizer_groups(module: nn.Module, optimizer: torch.optim.Optimizer) -> lis
 
 def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
                 stage: StagePolicy, precision: PrecisionPolicy, bucket_size: int,
-                reduce: ReducePolicy) -> Parts:
+                reduce: ReducePolicy, offload: OffloadPolicy | None = None) -> Parts:
     groups = optimizer_groups(module, optimizer)
     buckets: list[FlatBucket] = []
     group_of_bucket: list[int] = []
@@ -66,7 +67,9 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     with torch.no_grad():
         for b in buckets:
             coll.broadcast(b.data, src=0)
-    masters = MasterShards(buckets, sharded=stage.shard_optimizer, alias=precision.master_is_alias)
+    offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
+    masters = wrap_masters(MasterShards(buckets, sharded=stage.shard_optimizer,
+                                        alias=precision.master_is_alias and not offloaded), offload, optimizer)
     for b in buckets:
         b.cast_(precision.compute_dtype)
     masters.rebind()

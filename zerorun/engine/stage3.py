@@ -29,6 +29,7 @@ from zerorun.engine.build import Parts, optimizer_groups
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.grad_sync import PartitionedGradSync, ReducePolicy
+from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
 from zerorun.engine.precision import PrecisionPolicy
@@ -134,7 +135,8 @@ def plan_stage3(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
 
 
 def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
-                       precision: PrecisionPolicy, zero_cfg: Any, reduce: ReducePolicy) -> Stage3Parts:
+                       precision: PrecisionPolicy, zero_cfg: Any, reduce: ReducePolicy,
+                       offload: OffloadPolicy | None = None) -> Stage3Parts:
     groups = optimizer_groups(module, optimizer)
     threshold = int(zero_cfg.stage3_param_persistence_threshold)
     buckets, units, modules, group_of_bucket = plan_stage3(module, groups, coll, precision, threshold)
@@ -143,7 +145,9 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
                           max_live=int(zero_cfg.stage3_max_live_parameters),
                           max_reuse=int(zero_cfg.stage3_max_reuse_distance))
     coordinator = GatherCoordinator(buckets, units, policy)
-    masters = PartitionedMasters(buckets, alias=precision.master_is_alias, coordinator=coordinator)
+    offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
+    masters = wrap_masters(PartitionedMasters(buckets, alias=precision.master_is_alias and not offloaded,
+                                              coordinator=coordinator), offload, optimizer)
     masters.bind_optimizer(optimizer, group_of_bucket)
     grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator)
     hooks: list[Any] = []
