@@ -12,7 +12,8 @@ whole shard (DeepSpeed bounds it with ``sub_group_size``; not done here).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import ctypes
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -22,6 +23,28 @@ from zerorun.engine.collectives import Collectives
 from zerorun.engine.offload.host import HostMasters
 from zerorun.engine.offload.policy import OffloadPolicy
 from zerorun.engine.offload.swapper import Swapper
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand the just-freed swap buffers back to the OS.
+
+    Buffers read by the pool threads come from per-thread malloc arenas (glibc raises its
+    mmap threshold after the first free), so without a trim the process keeps them mapped
+    and the resident set never shrinks between steps.
+    """
+    if _TRIM is not None:
+        _TRIM(0)
+
 
 _STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd": 1, "adagrad": 1, "rmsprop": 2}  # for the space check
 
@@ -71,6 +94,7 @@ class NvmeMasters(HostMasters):
             for k in self.keys[i]:
                 state[k] = torch.empty(0, dtype=state[k].dtype)
         self.is_resident = False
+        release_freed_memory()
 
     def swap_in(self) -> None:
         """Read every master and state shard back (``buffer_count`` reads in flight)."""
