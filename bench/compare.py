@@ -4,8 +4,12 @@
     python bench/compare.py --systems torch-ddp,zerorun-z2 --steps 30
     python bench/compare.py --ds-python /path/to/venv/bin/python   # DeepSpeed from another environment
 
-Ratios are to DDP in the same run: systems run one after another on the same machine,
-so compare within a run, and repeat the run to see the noise.
+By default the systems run *interleaved*: one torchrun job builds every torch/zerorun
+system and runs step s of each before step s+1 of any (DeepSpeed, from its own
+environment, gets a second interleaved job), so a load change on a shared machine hits
+every system alike and the ratios to DDP stay meaningful. Peak RSS is per process, so
+each system then also runs alone for a few steps (``--rss-steps``) to measure it.
+``--sequential`` runs each system alone for the full length instead.
 """
 
 from __future__ import annotations
@@ -34,20 +38,20 @@ def deepspeed_python(explicit: str | None) -> str | None:
     return None
 
 
-def run_one(system: str, python: str, args: argparse.Namespace) -> dict | None:
+def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warmup: int) -> list[dict]:
+    """One torchrun job running ``system`` (comma-separated: interleaved); its JSON records."""
     cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
-           str(HERE / "run_system.py"), "--system", system, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--hidden", str(args.hidden), "--layers", str(args.layers),
+           str(HERE / "run_system.py"), "--system", system, "--steps", str(steps),
+           "--warmup", str(warmup), "--hidden", str(args.hidden), "--layers", str(args.layers),
            "--global-batch", str(args.global_batch), "--threads", str(args.threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DS_ACCELERATOR": "cpu",
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    for line in proc.stdout.splitlines():
-        if line.startswith(PREFIX):
-            return json.loads(line[len(PREFIX):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-    print(f"{system}: failed (exit {proc.returncode}): " + " | ".join(tail), file=sys.stderr)
-    return None
+    recs = [json.loads(line[len(PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
+    if not recs:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        print(f"{system}: failed (exit {proc.returncode}): " + " | ".join(tail), file=sys.stderr)
+    return recs
 
 
 def table(rows: list[dict]) -> str:
@@ -58,7 +62,8 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * 9]
     for r in rows:
         ratio = f"{r['step_median_s'] / ddp:.2f}" if ddp else "-"
-        lines.append(f"| {r['system']} | {r['step_median_s']:.3f} | {ratio} | {r['peak_rss_mb']:.0f} | "
+        rss = f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "-"
+        lines.append(f"| {r['system']} | {r['step_median_s']:.3f} | {ratio} | {rss} | "
                      f"{r['state_mb_rank0']:.1f} | {r['comm_mb_per_step']:.1f} | {r['final_loss']:.7f} | "
                      f"{r['final_loss'] - ref['final_loss']:+.1e} | {r['param_l2']:.6f} |")
     return "\n".join(lines)
@@ -77,22 +82,34 @@ def main() -> None:
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--ds-python", default=None, help="python of an environment with deepspeed")
     p.add_argument("--out", default=None, help="append the JSON records to this file")
+    p.add_argument("--sequential", action="store_true", help="run each system alone (no interleaving)")
+    p.add_argument("--rss-steps", type=int, default=4, help="steps of the run alone that measures peak RSS")
     args = p.parse_args()
     ds_py = deepspeed_python(args.ds_python)
     systems = args.systems.split(",") if args.systems else ZERORUN + TORCH + (DEEPSPEED if ds_py else [])
-    rows = []
-    for system in systems:
-        python = ds_py if system.startswith("ds-") else sys.executable
-        if python is None:
-            print(f"{system}: skipped (deepspeed is not importable)", file=sys.stderr)
+    if not ds_py and any(x.startswith("ds-") for x in systems):
+        print("ds-*: skipped (deepspeed is not importable)", file=sys.stderr)
+        systems = [x for x in systems if not x.startswith("ds-")]
+    groups = [[x for x in systems if not x.startswith("ds-")], [x for x in systems if x.startswith("ds-")]]
+    pythons = [sys.executable, ds_py]
+    rows: list[dict] = []
+    for group, python in zip(groups, pythons, strict=True):
+        if not group:
             continue
-        rec = run_one(system, python, args)
-        if rec is not None:
-            rows.append(rec)
-            print(f"{system}: {rec['step_median_s']:.3f} s/step, loss {rec['final_loss']:.7f}", file=sys.stderr)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+        if args.sequential:
+            for system in group:
+                rows += run_job(system, python, args, args.steps, args.warmup)
+        else:
+            rows += run_job(",".join(group), python, args, args.steps, args.warmup)
+            for r in rows:
+                if r["system"] in group and args.rss_steps > 0:
+                    alone = run_job(r["system"], python, args, args.rss_steps, 1)
+                    r["peak_rss_mb"] = alone[0]["peak_rss_mb"] if alone else None
+    for r in rows:
+        print(f"{r['system']}: {r['step_median_s']:.3f} s/step, loss {r['final_loss']:.7f}", file=sys.stderr)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
     if rows:
         print(table(rows))
 
