@@ -88,16 +88,15 @@ def snapshot(engine: Any) -> dict[str, Any]:
 
 
 def save_phase(rank: int, world: int, root: str) -> dict[str, Any]:
-    """World 2: a straight run of STEPS, and a run of HALF steps saved to ``root/<case>``."""
+    """World 2: a straight run of STEPS that saves to ``root/<case>`` after HALF steps (saving changes nothing)."""
     out = {}
     for case in CASES:
-        straight = build(case, world)
-        train(straight, rank, world, 0, STEPS)
-        half = build(case, world)
-        train(half, rank, world, 0, HALF)
-        half.save_checkpoint(str(Path(root) / case.name), client_state={"case": case.name, "rank": rank})
-        out[case.name] = {"straight": snapshot(straight), "half": snapshot(half),
-                          "rng_after_save": torch.rand(4)}
+        engine = build(case, world)
+        train(engine, rank, world, 0, HALF)
+        engine.save_checkpoint(str(Path(root) / case.name), client_state={"case": case.name, "rank": rank})
+        half, rng = snapshot(engine), torch.rand(4)
+        train(engine, rank, world, HALF, STEPS - HALF)
+        out[case.name] = {"straight": snapshot(engine), "half": half, "rng_after_save": rng}
     return out
 
 

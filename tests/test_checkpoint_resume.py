@@ -2,9 +2,9 @@
 
 Three spawned gloo groups, in order, sharing one checkpoint directory:
 
-1. world 2 - for each case (stage 0, 1, 2 in fp32 and stage 2 in fp16 with dynamic loss
-   scaling, all with a WarmupLR schedule): a straight run of 6 steps, and a run of 3
-   steps saved with ``save_checkpoint``;
+1. world 2 - for each case (stage 0, 1, 2, 3 in fp32 and stage 2 in fp16 with dynamic loss
+   scaling, all with a WarmupLR schedule): a straight run of 6 steps that saves
+   with ``save_checkpoint`` after step 3;
 2. world 4 - each world-2 checkpoint loaded (same stage, and the next stage) into a
    model with other initial weights, then 3 more steps and a save;
 3. world 2, fresh processes - each world-2 checkpoint resumed for 3 steps, which must be
