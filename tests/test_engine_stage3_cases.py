@@ -68,7 +68,7 @@ def make_model(kind: str, seed: int = 1234) -> nn.Module:
     if kind == "deep":
         return Deep()
     cls = CkptGPT if kind == "gpt-ckpt" else TinyGPT
-    return cls(VOCAB, BLOCK, DIM, 2, 2)
+    return cls(VOCAB, BLOCK, DIM, 1, 2)  # one block: tied embeddings, attention, MLP; half the units of two
 
 
 def is_gpt(kind: str) -> bool:

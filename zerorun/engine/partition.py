@@ -20,6 +20,7 @@ from torch import nn
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives, Pending
 from zerorun.engine.param_state import ParamState, check_transition
+from zerorun.engine.sharded_param import mark_partitioned
 
 BUCKET_ATTR = "zr_bucket"
 
@@ -52,6 +53,7 @@ class PartitionedBucket(FlatBucket):
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         for p in params:
             setattr(p, BUCKET_ATTR, self)
+            mark_partitioned(p)
 
     # ---- set-up -------------------------------------------------------------------------------
     def seal(self) -> None:
