@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 bench/run_system.py --system zerorun-z2
 
-Systems: zerorun-z0/z1/z2, torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
+Systems: zerorun-z0/z1/z2/z3, torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
 torch-fsdp2 (fully_shard per block, the head, then the root), ds-z0/z1/z2 (DeepSpeed with
 the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERATOR=cpu on CPU).
 """
@@ -32,6 +32,9 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
     cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "steps_per_print": 10**9,
            "zero_optimization": {"stage": int(args.system[-1]), "reduce_bucket_size": args.bucket,
                                  "overlap_comm": True}}
+    if args.system == "zerorun-z3":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
+        cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=args.prefetch,
+                                        stage3_max_live_parameters=4 * args.prefetch)
     engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(model.parameters()), config=cfg)
 
     def step(x, y):
@@ -44,7 +47,11 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
         return sum(int(row["bytes"]) * (2 if kind == "all_reduce" else 1)
                    for kind, row in engine.comm_stats().items())
 
-    return step, lambda: sum(engine.memory_breakdown().values()), lambda: list(model.parameters()), comm_bytes
+    def full_params() -> list[torch.Tensor]:  # stage 3 holds shards: gather (a no-op at stages 0-2)
+        with zerorun.zero.GatheredParameters(list(model.parameters())):
+            return [p.detach().clone() for p in model.parameters()]
+
+    return step, lambda: sum(engine.memory_breakdown().values()), full_params, comm_bytes
 
 
 def setup_torch(args, model, world: int):
@@ -138,9 +145,10 @@ def _setup_one(system: str, args, world: int):
     model = C.build_model(args)
     setup = setup_zerorun if system.startswith("zerorun") else (
         setup_deepspeed if system.startswith("ds-") else setup_torch)
+    numel = sum(q.numel() for q in model.parameters())  # before setup: stage 3 leaves shards behind
     step, state, full_params, comm_bytes = setup(args, model, world)
     return {"name": system, "step": step, "state": state, "full_params": full_params, "comm_bytes": comm_bytes,
-            "numel": sum(q.numel() for q in model.parameters()), "meter": C.Meter(), "warm_bytes": 0}
+            "numel": numel, "meter": C.Meter(), "warm_bytes": 0}
 
 
 def _record(sys_: dict, g: torch.Tensor, args, world: int, threads: int, single: bool) -> dict:
@@ -165,6 +173,8 @@ def main() -> None:
                    help="one system, or several comma-separated: then they run interleaved, step by step, "
                         "in this one job (same load for all; peak RSS is not per system then)")
     p.add_argument("--bucket", type=int, default=5_000_000, help="zerorun reduce_bucket_size (elements)")
+    p.add_argument("--prefetch", type=int, default=2_200_000,
+                   help="zerorun-z3 stage3_prefetch_bucket_size (elements; ~2 units of the default model)")
     args = p.parse_args()
     names = args.system.split(",")
     if any(n.startswith("ds-") for n in names):
