@@ -121,3 +121,15 @@ def test_bad_inputs_name_the_problem(tmp_path: Path) -> None:
 
     with pytest.raises(CheckpointError, match="not a plain directory name"):
         engine.save_checkpoint(str(tmp_path), tag="../escape")
+
+
+def test_an_unwritable_save_dir_fails_with_a_hint_and_keeps_latest(tmp_path: Path) -> None:
+    engine = build(CASES[2], 1)
+    engine.save_checkpoint(str(tmp_path / "ok"), tag="first")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(CheckpointError) as e:
+        engine.save_checkpoint(str(blocker / "ckpt"))
+    assert e.value.message.startswith("[rank 0] checkpoint save failed while creating")
+    assert "Not a directory" in e.value.message and "untouched" in e.value.hint
+    assert (tmp_path / "ok" / "latest").read_text() == "first"

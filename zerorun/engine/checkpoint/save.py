@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +50,31 @@ def check_tag(tag: str) -> str:
     return tag
 
 
-def agree(engine: Any, ok: bool, what: str) -> None:
-    """All ranks learn whether every rank succeeded at ``what``; raise on all of them if not."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+def agree(engine: Any, error: BaseException | None, what: str) -> None:
+    """All ranks learn whether every rank succeeded at ``what``; raise on all of them if not.
+
+    Every failure of a step is caught and carried by this one all-reduce, so a rank that
+    fails never leaves the others waiting in the next collective.
+    """
+    flag = torch.tensor([0 if error is not None else 1], dtype=torch.int32)
     if engine.ctx.world_size > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=engine.ctx.group)
-    if not flag.item():
-        raise CheckpointError(f"[rank {engine.ctx.rank}] checkpoint save failed: {what} failed on some rank",
-                              "see the first rank's error above; check the directory is writable "
-                              "and has free space on every node")
+    if flag.item():
+        return
+    hint = "check that the directory is writable and has free space on every node; " \
+           "the previous checkpoint and `latest` are untouched"
+    if error is not None:
+        raise CheckpointError(f"[rank {engine.ctx.rank}] checkpoint save failed while {what}: {error}", hint) from error
+    raise CheckpointError(f"[rank {engine.ctx.rank}] checkpoint save failed while {what} on another rank "
+                          "(its error names the cause)", hint)
+
+
+def _attempt(fn: Callable[[], None]) -> BaseException | None:
+    try:
+        fn()
+    except Exception as e:  # carried to every rank by ``agree``
+        return e
+    return None
 
 
 def rank_payload(engine: Any, client_state: dict[str, Any]) -> dict[str, Any]:
@@ -108,28 +125,24 @@ def save_checkpoint(engine: Any, save_dir: str | os.PathLike[str], tag: str | No
     root = Path(save_dir)
     tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
     staging = staging_dir(root, tag)
-    error: BaseException | None = None
-    try:
+    rank = engine.ctx.rank
+
+    def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
-        if engine.ctx.rank == 0:
+        if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)  # left by an earlier crash
             staging.mkdir()
-    except OSError as e:
-        error = e
-    agree(engine, error is None, f"creating {staging} ({error})")
-    try:
-        atomic.torch_save(rank_payload(engine, dict(client_state or {})), staging / rank_file(engine.ctx.rank))
-        if engine.ctx.rank == 0:
+
+    def write() -> None:
+        atomic.torch_save(rank_payload(engine, dict(client_state or {})), staging / rank_file(rank))
+        if rank == 0:
             write_extra(engine, staging)
-    except OSError as e:
-        error = e
+
+    agree(engine, _attempt(prepare), f"creating {staging}")
+    error = _attempt(write)
     if os.environ.get(PAUSE_ENV):
         time.sleep(float(os.environ[PAUSE_ENV]))
-    agree(engine, error is None, f"writing {staging / rank_file(engine.ctx.rank)} ({error})")
-    if engine.ctx.rank == 0:
-        try:
-            _commit(engine, root, tag, save_latest)
-        except OSError as e:
-            error = e
-    agree(engine, error is None, f"committing {root / tag} ({error})")
+    agree(engine, error, f"writing {staging / rank_file(rank)}")
+    agree(engine, _attempt(lambda: _commit(engine, root, tag, save_latest)) if rank == 0 else None,
+          f"committing {root / tag}")
     return root / tag
