@@ -133,3 +133,17 @@ def test_an_unwritable_save_dir_fails_with_a_hint_and_keeps_latest(tmp_path: Pat
     assert e.value.message.startswith("[rank 0] checkpoint save failed while creating")
     assert "Not a directory" in e.value.message and "untouched" in e.value.hint
     assert (tmp_path / "ok" / "latest").read_text() == "first"
+
+
+def test_non_strict_load_skips_names_missing_on_either_side(tmp_path: Path) -> None:
+    import zerorun
+
+    engine = build(CASES[1], 1)
+    train(engine, 0, 1, 0, 1)
+    engine.save_checkpoint(str(tmp_path))
+    other, _, _, _ = zerorun.initialize(model=Wider(), config=CASES[1].config(1))
+    before = other.module.extra.weight.detach().clone()
+    other.load_checkpoint(str(tmp_path), load_module_strict=False)
+    assert torch.equal(other.module.fc1.weight, engine.module.fc1.weight)
+    assert torch.equal(other.module.fc2.weight, engine.module.fc2.weight)
+    assert torch.equal(other.module.extra.weight, before)  # not in the checkpoint: kept

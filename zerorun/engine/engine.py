@@ -217,11 +217,11 @@ class Engine:
 
         return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest))
 
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True,
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False) -> tuple[str, dict[str, Any]]:
-        """Load ``load_dir/tag`` (``latest`` by default); returns ``(path, client_state)``."""
+        """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``."""
         from zerorun.engine.checkpoint import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only)
+                               load_module_only, strict=load_module_strict)

@@ -73,9 +73,14 @@ def read_rank(path: Path, rank: int) -> dict[str, Any]:
                               "the checkpoint is incomplete or damaged; load an earlier tag") from e
 
 
-def check_model(manifest: Manifest, path: Path, current: tuple[Any, ...]) -> None:
+def check_model(manifest: Manifest, path: Path, current: tuple[Any, ...], strict: bool = True) -> None:
+    """Names and shapes must match; with ``strict=False`` only the shapes of shared names must."""
     model = {p.name: p.shape for b in current for p in b.params}
-    diffs = layout_differences(manifest.shapes(), model)
+    saved = manifest.shapes()
+    if not strict:
+        saved = {n: s for n, s in saved.items() if n in model}
+        model = {n: s for n, s in model.items() if n in saved}
+    diffs = layout_differences(saved, model)
     if diffs:
         raise CheckpointError(f"{path} was saved from a different model: " + "; ".join(diffs),
                               "load it into the model it was saved from (same parameter names and shapes), "
@@ -106,12 +111,15 @@ def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, An
 
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                    load_module_only: bool = False) -> tuple[str, dict[str, Any]]:
-    """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``."""
+                    load_module_only: bool = False, strict: bool = True) -> tuple[str, dict[str, Any]]:
+    """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``.
+
+    ``strict=False`` (DeepSpeed's ``load_module_strict``) skips parameters missing on either side.
+    """
     path = resolve(Path(load_dir), tag)
     manifest = read_manifest(path)
     current, _ = layout.engine_layout(engine)
-    check_model(manifest, path, current)
+    check_model(manifest, path, current, strict)
     parts, index = layout.owned_parts(engine)
     copies = reshard.plan_copies(manifest.buckets, manifest.world_size,
                                  reshard.chunk_pieces(current, parts, index))
