@@ -1,7 +1,8 @@
 """Optimizers named in the config (``optimizer.type`` / ``optimizer.params``), built from torch.optim.
 
 DeepSpeed's parameter names are accepted (``lr``, ``betas``, ``eps``, ``weight_decay``,
-``momentum``...). The optimizer is first built over the module's parameters; the engine
+``momentum``...). As in DeepSpeed, ``Adam`` means decoupled weight decay (AdamW)
+unless ``adam_w_mode: false``; ``fused: true`` selects torch's fused kernel. The optimizer is first built over the module's parameters; the engine
 then re-points its parameter groups at the flat fp32 master tensors
 (:meth:`MasterShards.bind_optimizer`), so foreach kernels step a few large tensors.
 """
@@ -32,13 +33,15 @@ def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: It
     kwargs = {k: v for k, v in params.items() if k not in _DROPPED}
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    if type_name.lower() == "adam" and params.get("adam_w_mode"):
+    if type_name.lower() == "adam" and params.get("adam_w_mode", True):
+        # DeepSpeed's "Adam" applies decoupled weight decay (AdamW) unless adam_w_mode is false.
         cls = torch.optim.AdamW
     params_list = list(model_parameters)
-    try:
-        return cls(params_list, **{"foreach": True, **kwargs})
-    except TypeError:
-        pass  # this optimizer class has no foreach option
+    if "fused" not in kwargs:  # torch refuses fused and foreach together
+        try:
+            return cls(params_list, **{"foreach": True, **kwargs})
+        except TypeError:
+            pass  # this optimizer class has no foreach option
     try:
         return cls(params_list, **kwargs)
     except TypeError as e:
