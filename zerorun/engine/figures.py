@@ -3,13 +3,14 @@
 Tests, the benchmark, ``estimate`` and ``autotune`` read these same numbers.
 
 ``memory_breakdown`` keys (int bytes held by this rank):
-  * ``params``: the compute copies of the parameters (the flat buckets, padding included);
+  * ``params``: the compute copies of the parameters (the flat buckets, padding included;
+    at stage 3 the rank's shards plus the persistent and currently gathered buckets);
   * ``gradients``: gradient storage that persists through backward (full buffers at
     stages 0/1; the fp32 accumulation shard at stage 2);
   * ``master_params``: fp32 master weights held *in addition* to ``params``
     (0 with fp32 compute, where the master is the parameter buffer itself);
   * ``optimizer_states``: the optimizer's state tensors (e.g. Adam's two moments);
-  * ``buffers``: communication buffers (stage-2 staging buckets).
+  * ``buffers``: communication buffers (stage-2/3 gradient staging buckets).
 """
 
 from __future__ import annotations
