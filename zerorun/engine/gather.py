@@ -12,8 +12,8 @@ that bucket too). Events, all on the calling thread:
   asynchronously, bounded by ``prefetch_numel`` elements in flight and ``max_live``
   elements gathered in all.
 * ``post_forward`` - the unit's buckets are released unless persistent, still used by
-  an enclosing unit, needed again within ``max_reuse`` elements of the recorded order
-  (while under ``max_live``), or the forward is an activation-checkpoint recomputation
+  an enclosing unit, needed again with fewer than ``max_reuse`` other elements gathered
+  in between in the recorded order (while under ``max_live``; ``max_reuse`` 0 keeps nothing), or the forward is an activation-checkpoint recomputation
   inside backward.
 * ``post_backward_bucket`` - all of a bucket's gradients have been accumulated (so no
   backward node still needs its values): released.
@@ -194,12 +194,12 @@ class GatherCoordinator:
         for u in self.trace[self.pos:]:
             buckets = self.units[u].buckets
             if bi in buckets:
-                return True
+                return between < self.policy.max_reuse
             for other in buckets:
                 if other not in seen:
                     seen.add(other)
                     between += self.buckets[other].plan.padded_numel
-            if between > self.policy.max_reuse:
+            if between >= self.policy.max_reuse:
                 return False
         return False
 
