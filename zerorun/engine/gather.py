@@ -13,8 +13,8 @@ that bucket too). Events, all on the calling thread:
   elements gathered in all.
 * ``post_forward`` - the unit's buckets are released unless persistent, still used by
   an enclosing unit, needed again with fewer than ``max_reuse`` other elements gathered
-  in between in the recorded order (while under ``max_live``; ``max_reuse`` 0 keeps nothing), or the forward is an activation-checkpoint recomputation
-  inside backward.
+  in between in the recorded order (while under ``max_live``; ``max_reuse`` 0 keeps
+  nothing), or the forward is an activation-checkpoint recomputation inside backward.
 * ``post_backward_bucket`` - all of a bucket's gradients have been accumulated (so no
   backward node still needs its values): released.
 * ``end_pass`` (after backward) - everything in flight is waited for and every
