@@ -82,6 +82,9 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.tok.weight  # tied input/output embeddings: one parameter
+        # GPT-2's init: nn.Embedding's N(0, 1) would make the tied head's first logits huge (loss ~45).
+        for emb in (self.tok, self.pos):
+            nn.init.normal_(emb.weight, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))

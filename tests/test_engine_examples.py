@@ -43,7 +43,7 @@ def test_gpt_example_config_from_environment_loss_falls() -> None:
     out = _torchrun("train_gpt.py", "--steps", "30", env=_env(ZERORUN_CONFIG=str(ROOT / "templates/zero1.yaml")))
     losses = _losses(out)
     assert "embeddings tied" in out and "ZeRO stage 1" in out
-    assert losses[-1] < losses[0] - 0.3, out
+    assert losses[0] < 3.6 and losses[-1] < 0.95 * losses[0], out  # starts near ln(vocab) and falls
 
 
 def test_plain_python_is_world_size_one() -> None:
