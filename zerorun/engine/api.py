@@ -33,6 +33,7 @@ from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.offload import from_config as offload_from_config
+from zerorun.engine.offload.params import param_policy
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.stage3 import build_stage3_parts
@@ -114,15 +115,6 @@ def _make_scheduler(cfg: Any, lr_scheduler: Any, optimizer: torch.optim.Optimize
     return build_scheduler(cfg.scheduler.type, dict(cfg.scheduler.params), optimizer)
 
 
-def _check_supported(cfg: Any) -> None:
-    zero = cfg.zero_optimization
-    device = getattr(getattr(zero, "offload_param", None), "device", "none")
-    if device not in (None, "none"):
-        raise EngineError(f"zero_optimization.offload_param.device={device!r} is not available in this engine yet",
-                          "remove zero_optimization.offload_param (or set its device to none); "
-                          "offload_optimizer (cpu or nvme) is available")
-
-
 def initialize(model: nn.Module | None = None, optimizer: Any = None, model_parameters: Any = None,
                config: str | Path | dict[str, Any] | None = None, lr_scheduler: Any = None,
                training_data: Any = None, collate_fn: Callable[..., Any] | None = None,
@@ -161,7 +153,6 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     source = resolve_config_source(config, args)
     source = trial_config(source)  # `zerorun autotune`: the trial's knobs over the user's config
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
-    _check_supported(cfg)
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
     model.to(ctx.device)
@@ -172,8 +163,9 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
                           overlap_comm=bool(zero.overlap_comm))
     offload = offload_from_config(zero)
+    param_offload = param_policy(zero)  # offload_param: stage 3 only
     if stage.shard_parameters:
-        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce, offload)
+        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce, offload, param_offload)
     else:
         parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce, offload)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)

@@ -159,21 +159,31 @@ class GatherCoordinator:
                    if self.buckets[i].state is ParamState.IN_FLIGHT)
 
     def _prefetch(self) -> None:
+        picked = self._prefetch_picks()
+        for bi in picked:  # offloaded shards: every read is in flight before the first all-gather waits
+            self.buckets[bi].read_ahead()
+        for bi in picked:
+            self.buckets[bi].gather_async()
+            self.stats.prefetched += 1
+            self._track(bi)
+
+    def _prefetch_picks(self) -> list[int]:
+        """The sharded buckets next in the recorded order that fit the prefetch and live windows."""
         assert self.trace is not None
         inflight, live = self._inflight_numel(), self.live_numel()
+        picked: list[int] = []
         for u in self.trace[self.pos:]:
             for bi in self.units[u].buckets:
                 b = self.buckets[bi]
-                if b.state is not ParamState.SHARDED:
+                if b.state is not ParamState.SHARDED or bi in picked:
                     continue
                 n = b.plan.padded_numel
                 if inflight + n > self.policy.prefetch_numel or live + n > self.policy.max_live:
-                    return
-                b.gather_async()
-                self.stats.prefetched += 1
+                    return picked
+                picked.append(bi)
                 inflight += n
                 live += n
-                self._track(bi)
+        return picked
 
     # ---- releasing ----------------------------------------------------------------------------
     def _maybe_release(self, bi: int) -> None:

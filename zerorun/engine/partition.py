@@ -7,12 +7,16 @@ buffer, writes ``local`` into this rank's chunk, all-gathers (the same
 :meth:`Collectives.all_gather` as stages 1-2) and re-binds the parameters as views of
 the buffer; releasing drops the buffer and re-points the parameters at the placeholder.
 With fp32 compute ``local`` is also the fp32 master the optimizer steps (an alias).
+With parameter offload (``offload``, :mod:`zerorun.engine.offload.params`) ``local`` rests
+in host memory or a swap file and is fetched to the compute device for each gather.
 
 Each partitioned parameter carries ``param.zr_bucket`` (its bucket), which is how
 ``zero.GatheredParameters`` and the engine find it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +54,7 @@ class PartitionedBucket(FlatBucket):
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
+        self.offload: Any = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         for p in params:
             setattr(p, BUCKET_ATTR, self)
@@ -77,9 +82,10 @@ class PartitionedBucket(FlatBucket):
     def gather_async(self) -> None:
         """SHARDED -> IN_FLIGHT: allocate the full buffer and start the all-gather."""
         self._move(ParamState.IN_FLIGHT)
-        assert self.local is not None
-        self.data = torch.empty(self.plan.padded_numel, dtype=self.local.dtype, device=self.local.device)
-        self.shard(self.data).copy_(self.local)
+        local = self.local if self.offload is None else self.offload.fetch(self)
+        assert local is not None
+        self.data = torch.empty(self.plan.padded_numel, dtype=local.dtype, device=self._placeholder.device)
+        self.shard(self.data).copy_(local, non_blocking=True)
         self._pending = self.coll.all_gather(self.data, async_op=True)
 
     def wait(self) -> None:
@@ -104,6 +110,19 @@ class PartitionedBucket(FlatBucket):
             p.data = self._placeholder
         self.data = self._placeholder  # dtype and device stay readable; no elements
 
+    def read_ahead(self) -> None:
+        """About to be gathered (prefetch): start fetching an offloaded resting shard now."""
+        if self.offload is not None and self.state is ParamState.SHARDED:
+            self.offload.read_ahead(self)
+
+    def set_local(self, shard: torch.Tensor) -> None:
+        """The resting shard gets new values (after a step or an edit): in place, or into the offload."""
+        if self.offload is not None:
+            self.offload.store(self, shard)
+        else:
+            assert self.local is not None
+            self.local.copy_(shard)
+
     def refresh(self) -> None:
         """A gathered bucket whose shard changed (optimizer step): all-gather again in place."""
         if self.state is ParamState.GATHERED:
@@ -120,11 +139,12 @@ class PartitionedBucket(FlatBucket):
 
     def scatter_from(self, src: int) -> None:
         """After rank ``src`` edited the gathered parameters: broadcast, and every rank keeps its chunk."""
-        assert self.state is ParamState.GATHERED and self.local is not None
+        assert self.state is ParamState.GATHERED
         self.coll.broadcast(self.data, src=src)
-        self.local.copy_(self.shard(self.data))
+        shard = self.shard(self.data)
+        self.set_local(shard)
         if self.master is not None:
-            self.master.copy_(self.local)
+            self.master.copy_(shard)
 
     # ---- figures ------------------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ from zerorun.engine.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.grad_sync import PartitionedGradSync, ReducePolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
+from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
 from zerorun.engine.precision import PrecisionPolicy
@@ -42,6 +43,7 @@ class PartitionedMasters(MasterShards):
     def __init__(self, buckets: list[PartitionedBucket], alias: bool, coordinator: GatherCoordinator) -> None:
         super().__init__(buckets, sharded=True, alias=alias)  # type: ignore[arg-type]
         self.coordinator = coordinator
+        self.param_offload: ParamOffload | None = None
         for b, m in zip(buckets, self.masters, strict=True):
             b.master = None if alias else m.data
 
@@ -61,7 +63,9 @@ class PartitionedMasters(MasterShards):
         if not self.alias:
             with torch.no_grad():
                 for b, m in zip(self.buckets, self.masters, strict=True):
-                    b.local.copy_(m)
+                    b.set_local(m)
+        if self.param_offload is not None:
+            self.param_offload.flush()  # nvme: the new shards are on disk before anything reads them
         self.coordinator.after_step()
 
 
@@ -86,6 +90,7 @@ class Stage3GradSync(PartitionedGradSync):
 class Stage3Parts(Parts):
     coordinator: GatherCoordinator | None = None
     units: list[Unit] | None = None
+    param_offload: ParamOffload | None = None  # offload_param: the resting shards in host memory / swap files
 
 
 def _materialize(params: list[nn.Parameter]) -> None:
@@ -144,7 +149,8 @@ def plan_stage3(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
 
 def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
                        precision: PrecisionPolicy, zero_cfg: Any, reduce: ReducePolicy,
-                       offload: OffloadPolicy | None = None) -> Stage3Parts:
+                       offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None
+                       ) -> Stage3Parts:
     groups = optimizer_groups(module, optimizer)
     threshold = int(zero_cfg.stage3_param_persistence_threshold)
     buckets, units, modules, group_of_bucket = plan_stage3(module, groups, coll, precision, threshold)
@@ -153,9 +159,12 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
                           max_live=int(zero_cfg.stage3_max_live_parameters),
                           max_reuse=int(zero_cfg.stage3_max_reuse_distance))
     coordinator = GatherCoordinator(buckets, units, policy)
-    offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
-    masters = wrap_masters(PartitionedMasters(buckets, alias=precision.master_is_alias and not offloaded,
-                                              coordinator=coordinator), offload, optimizer)
+    # an offloaded master, or a master over an offloaded shard, is a separate copy
+    offloaded = any(p is not None and p.enabled for p in (offload, param_offload))
+    inner = PartitionedMasters(buckets, alias=precision.master_is_alias and not offloaded, coordinator=coordinator)
+    if param_offload is not None and param_offload.enabled:
+        inner.param_offload = ParamOffload(param_offload, buckets)
+    masters = wrap_masters(inner, offload, optimizer)
     masters.bind_optimizer(optimizer, group_of_bucket)
     grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator)
     hooks: list[Any] = []
@@ -164,7 +173,8 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
             hooks.append(p.register_post_accumulate_grad_hook(
                 lambda param, bi=bi, si=si: grad_sync.on_grad_ready(bi, si, param)))
     coordinator.attach(module, modules)
-    return Stage3Parts(buckets, masters, grad_sync, hooks, coordinator, units)  # type: ignore[arg-type]
+    return Stage3Parts(buckets, masters, grad_sync, hooks, coordinator, units,  # type: ignore[arg-type]
+                       inner.param_offload)
 
 
 def is_partitioned(param: torch.Tensor) -> bool:

@@ -27,13 +27,13 @@ from zerorun.engine.offload.policy import OffloadError
 _COUNTER = itertools.count()
 
 
-def check_space(path: Path, need_bytes: int) -> None:
-    """Raise before training if ``path`` cannot hold ``need_bytes`` more."""
+def check_space(path: Path, need_bytes: int, key: str = "offload_optimizer") -> None:
+    """Raise before training if ``path`` cannot hold ``need_bytes`` more (``key``: the config block, for the message)."""
     free = shutil.disk_usage(path).free
     if free < need_bytes:
-        raise OffloadError(f"offload_optimizer.nvme_path {path}: {free / 2**20:,.1f} MiB free, but the swap files "
+        raise OffloadError(f"{key}.nvme_path {path}: {free / 2**20:,.1f} MiB free, but the swap files "
                            f"of this rank need {need_bytes / 2**20:,.1f} MiB",
-                           "free space there, point nvme_path at a larger disk, or use offload_optimizer.device: cpu")
+                           f"free space there, point nvme_path at a larger disk, or use {key.rsplit('.', 1)[-1]}.device: cpu")
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
@@ -55,7 +55,7 @@ def _read(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Swapper:
-    def __init__(self, root: Path, workers: int, need_bytes: int) -> None:
+    def __init__(self, root: Path, workers: int, need_bytes: int, key: str = "offload_optimizer") -> None:
         try:
             root.mkdir(parents=True, exist_ok=True)
             self.dir = root / f"zerorun-swap-{os.getpid()}-{next(_COUNTER)}"
@@ -64,11 +64,11 @@ class Swapper:
             probe.write_bytes(b"x")
             probe.unlink()
         except OSError as e:
-            raise OffloadError(f"offload_optimizer.nvme_path {root} is not a writable directory ({e})",
+            raise OffloadError(f"{key}.nvme_path {root} is not a writable directory ({e})",
                                "point nvme_path at a directory this user can write on every node") from e
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
         try:
-            check_space(root, need_bytes)
+            check_space(root, need_bytes, key)
         except OffloadError:
             self._cleanup()
             raise

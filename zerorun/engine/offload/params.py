@@ -1,0 +1,149 @@
+"""Parameter offload at stage 3 (``offload_param.device: cpu | nvme``): where a bucket's resting shard lives.
+
+A :class:`~zerorun.engine.partition.PartitionedBucket` at rest holds only ``local``, this
+rank's chunk in the compute dtype. With a :class:`ParamOffload` attached:
+
+* ``cpu``: ``local`` is a host tensor (pinned when CUDA is present and ``pin_memory``);
+  the gather copies it into the compute-device buffer (``non_blocking``) before the
+  all-gather, and the stepped shard is copied back into it after the optimizer step.
+* ``nvme``: ``local`` is empty; the shard lives in a swap file (the optimizer offload's
+  :class:`~zerorun.engine.offload.swapper.Swapper`: ``buffer_count`` I/O threads, one
+  directory per process removed on close, garbage collection and interpreter exit). A
+  gather reads the file first; the coordinator's prefetch issues the reads of every bucket
+  it is about to all-gather before starting the first (:meth:`ParamOffload.read_ahead`),
+  so reads overlap each other and the earlier all-gathers. After the step the new shard
+  is written out; every pending write is waited for before the next read.
+
+Persistent buckets (under ``stage3_param_persistence_threshold``) stay gathered on the
+compute device anyway, so their shard is not offloaded. The optimizer's fp32 master is
+built as a separate copy (as with optimizer offload), so the optimizer never steps a
+tensor that is swapped out. With a CPU compute device (this project's tests) the
+host copies are same-device no-ops; the GPU copies run only on a GPU.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerorun.engine.offload.nvme import release_freed_memory
+from zerorun.engine.offload.policy import OffloadError, OffloadPolicy
+from zerorun.engine.offload.swapper import Swapper
+
+KEY = "zero_optimization.offload_param"
+
+
+def param_policy(zero: Any) -> OffloadPolicy:
+    """The parameter-offload policy of a ``zero_optimization`` config block (stage 3 only)."""
+    block = getattr(zero, "offload_param", None)
+    device = getattr(block, "device", "none") or "none"
+    if device == "none":
+        return OffloadPolicy("none")
+    if device not in ("cpu", "nvme"):
+        raise OffloadError(f"{KEY}.device={device!r} is not one of none, cpu, nvme",
+                           "set offload_param.device to cpu or nvme")
+    if int(getattr(zero, "stage", 0)) != 3:
+        raise OffloadError(f"{KEY} needs zero_optimization.stage 3, but stage is {getattr(zero, 'stage', 0)}",
+                           "set stage: 3, or offload_param.device: none")
+    nvme_path = getattr(block, "nvme_path", None)
+    if device == "nvme" and not nvme_path:
+        raise OffloadError(f"{KEY}.device is nvme but nvme_path is not set",
+                           "set offload_param.nvme_path to a directory on a fast local disk")
+    return OffloadPolicy(device, bool(getattr(block, "pin_memory", False)),
+                         Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 5))))
+
+
+class ParamOffload:
+    """The resting shards of a list of buckets, in host memory or swap files."""
+
+    def __init__(self, policy: OffloadPolicy, buckets: list[Any]) -> None:
+        assert policy.enabled
+        self.policy = policy
+        self.buckets = [b for b in buckets if not b.persistent]
+        self.index = {id(b): i for i, b in enumerate(self.buckets)}
+        self.meta = [(b.local.numel(), b.local.dtype) for b in self.buckets]
+        self.swapper: Swapper | None = None
+        self.reads: dict[int, Future[torch.Tensor]] = {}
+        self.writes: list[Future[None]] = []
+        self.read_aheads = 0  # reads issued by the prefetch before the gather that needs them
+        if policy.device == "nvme":
+            assert policy.nvme_path is not None
+            need = sum(n * torch.empty(0, dtype=dt).element_size() for n, dt in self.meta)
+            self.swapper = Swapper(policy.nvme_path, policy.buffer_count, need, key=KEY)
+        for b in self.buckets:
+            self.store(b, b.local)
+            b.offload = self
+        self.flush()
+
+    @property
+    def nvme(self) -> bool:
+        return self.swapper is not None
+
+    def _host(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().to("cpu", copy=True)
+        return out.pin_memory() if self.policy.pins else out
+
+    # ---- bucket hooks -----------------------------------------------------------------------
+    def store(self, bucket: Any, shard: torch.Tensor) -> None:
+        """The bucket's new resting shard (compute dtype): into host memory, or written to its file."""
+        i = self.index[id(bucket)]
+        if self.swapper is None:
+            if bucket.local is None or bucket.local.device.type != "cpu" or bucket.local.numel() == 0:
+                bucket.local = self._host(shard)
+            else:
+                bucket.local.copy_(shard, non_blocking=True)
+            return
+        self.reads.pop(i, None)
+        self.writes.append(self.swapper.write(f"p{i}", self._host(shard).to(self.meta[i][1])))
+        bucket.local = torch.empty(0, dtype=self.meta[i][1])
+
+    def read_ahead(self, bucket: Any) -> None:
+        """Start reading the bucket's shard (nvme) so that :meth:`fetch` finds it in flight."""
+        if self.swapper is None or id(bucket) not in self.index:
+            return
+        i = self.index[id(bucket)]
+        if i not in self.reads:
+            self.flush()
+            self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
+            self.read_aheads += 1
+
+    def fetch(self, bucket: Any) -> torch.Tensor:
+        """The bucket's resting shard, ready to copy into its gather buffer (host; pinned when pinning)."""
+        if self.swapper is None:
+            return bucket.local
+        i = self.index[id(bucket)]
+        if i not in self.reads:
+            self.flush()
+            self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
+        t = self._wait(self.reads.pop(i))
+        return t.pin_memory() if self.policy.pins else t
+
+    # ---- life cycle ---------------------------------------------------------------------------
+    def _wait(self, future: Future[Any]) -> Any:
+        try:
+            return future.result()
+        except BaseException:
+            self.close()  # a failed swap leaves no files behind
+            raise
+
+    def flush(self) -> None:
+        """Wait for every pending write (before a read of the same file, and at the end of a step)."""
+        writes, self.writes = self.writes, []
+        for f in writes:
+            self._wait(f)
+        if writes:
+            release_freed_memory()
+
+    def resident_bytes(self) -> int:
+        """Bytes of resting shards held in memory (host or device); 0 for nvme between steps."""
+        return sum(b.local.numel() * b.local.element_size() for b in self.buckets if b.local is not None)
+
+    def close(self) -> None:
+        """Remove the swap files (nvme); also done at garbage collection and interpreter exit."""
+        if self.swapper is not None:
+            self.reads.clear()
+            self.writes = []
+            self.swapper.close()
