@@ -69,6 +69,8 @@ def _train(case: Case, kind: str, rank: int, world: int, root: str) -> dict[str,
         out["swap_files"] = sorted(p.name for p in swap.iterdir())
         out["read_aheads"] = off.read_aheads
         out["n_buckets"] = len(engine.parts.buckets)
+        out["ckpt_equal"] = _checkpoint_round_trip(case, engine, out["params"], root,
+                                                 os.path.join(os.path.dirname(root), f"ckpt-{case.name}"))
         # an edit under GatheredParameters(modifier_rank=0) lands in the swapped shard on every rank
         first = next(model.parameters())
         with zerorun.zero.GatheredParameters([first], modifier_rank=0):
@@ -80,6 +82,26 @@ def _train(case: Case, kind: str, rank: int, world: int, root: str) -> dict[str,
         off.close()
         out["swap_exists_after_close"] = swap.exists()
     return out
+
+
+def _checkpoint_round_trip(case: Case, engine: Any, params: list[torch.Tensor], root: str, ckpt: str
+                           ) -> list[bool]:
+    """Save from the offloaded engine; load into a fresh one without and one with nvme offload."""
+    import zerorun
+
+    engine.save_checkpoint(ckpt)
+    equal = []
+    for kind in ("none", "nvme"):
+        model = make_model(case.model, seed=99)
+        other, _, _, _ = zerorun.initialize(model=model, config=_config(case, kind, root + "-load"))
+        other.load_checkpoint(ckpt)
+        with zerorun.zero.GatheredParameters(list(model.parameters())):
+            equal.append(all(torch.equal(p.detach().float(), q) for p, q in zip(model.parameters(), params,
+                                                                                   strict=True)))
+        if other.parts.param_offload is not None:
+            equal.append(other.parts.param_offload.resident_bytes() == 0)
+            other.parts.param_offload.close()
+    return equal
 
 
 def _all(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -121,6 +143,7 @@ def test_nvme_keeps_no_parameter_shard_in_memory(runs: list[dict[str, Any]], cas
             assert nvme["read_aheads"] > 0, "prefetch on, yet no shard was read ahead"
         else:
             assert nvme["read_aheads"] == 0
+        assert nvme["ckpt_equal"] == [True, True, True], "a checkpoint of offloaded shards loads exactly"
         assert nvme["edit_landed"] and nvme["resident_after_edit"] == 0
         assert not nvme["swap_exists_after_close"]
     left = [p for p in runs[2]["left_in_root"] if "zerorun-swap" in p]
