@@ -1,4 +1,4 @@
-"""Reading a stage-3 parameter while it is sharded fails with an error that names the fix.
+"""Using a stage-3 parameter while it is sharded fails with an error that names the fix.
 
 A partitioned parameter's class becomes :class:`ZeroParameter` (still an
 ``nn.Parameter``). Its ``__torch_function__`` lets metadata and plumbing through
@@ -29,14 +29,15 @@ _PLUMBING = frozenset({
 
 
 class ShardedParameterError(EngineError):
-    """A stage-3 parameter's values were read while only this rank's shard exists."""
+    """A stage-3 parameter's values were read or written while only this rank's shard exists."""
 
 
 class ZeroParameter(nn.Parameter):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if getattr(func, "__name__", "") not in _PLUMBING:
-            for a in args:
+            # keyword arguments too: torch.nn.init passes the tensor as ``tensor=``
+            for a in (*args, *(kwargs or {}).values()):
                 for t in (a if isinstance(a, (list, tuple)) else (a,)):
                     if isinstance(t, ZeroParameter):
                         _check_gathered(t)
@@ -50,8 +51,8 @@ def _check_gathered(param: ZeroParameter) -> None:
         return
     shape = next((tuple(s.shape) for p, s in zip(bucket.params, bucket.plan.slots, strict=True) if p is param), ())
     raise ShardedParameterError(
-        f"a ZeRO stage-3 parameter of shape {shape} (in {bucket.name}) was read outside forward/backward "
-        "while this rank holds only its shard",
+        f"a ZeRO stage-3 parameter of shape {shape} (in {bucket.name}) was read or written outside "
+        "forward/backward while this rank holds only its shard",
         "wrap the access in `with zerorun.zero.GatheredParameters(params):` (add modifier_rank=0 to write "
         "it back), or use engine.save_16bit_model() for the full weights")
 
