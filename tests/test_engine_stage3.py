@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist_harness import run_distributed
+from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_stage3_cases import STEPS, parity_cases, reference, train_case
 from tests.test_engine_stage3_checks import run_checks
 
@@ -39,17 +39,8 @@ def test_parity_with_single_process(runs: tuple[int, list[dict]], case) -> None:
     world, results = runs
     ref_losses, ref_params = reference(case, world)
     per_rank = [r[case.name] for r in results]
-    losses = [sum(sum(r["losses"][s]) for r in per_rank) / (world * case.gas) for s in range(STEPS)]
-    fp32 = case.dtype == "fp32"
-    rtol = 1e-5 if fp32 else 2**-8
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=rtol, atol=1e-6)
-    atol = 1e-6 if fp32 else 0.1 * case.lr * STEPS
-    for rank, r in enumerate(per_rank):
-        assert r["global_steps"] == STEPS
-        assert len(r["params"]) == len(ref_params)
-        for got, want in zip(r["params"], ref_params, strict=True):
-            torch.testing.assert_close(got, want, rtol=rtol if fp32 else 2**-7, atol=atol,
-                                       msg=lambda m, rank=rank: f"[rank {rank}] {case.name}: {m}")
+    assert_matches_reference(case, world, per_rank, STEPS, ref_losses, ref_params)
+    for r in per_rank:
         # after a step nothing but the persistent units is gathered
         assert r["states_after"] in ([], ["sharded"]), r["states_after"]
         if case.prefetch and not case.persist:
