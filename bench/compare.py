@@ -23,9 +23,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "BENCH_RESULT "
-ZERORUN = ["zerorun-z0", "zerorun-z1", "zerorun-z2"]
+ZERORUN = ["zerorun-z0", "zerorun-z1", "zerorun-z2", "zerorun-z3"]
 TORCH = ["torch-ddp", "torch-zero-optim", "torch-fsdp2"]
-DEEPSPEED = ["ds-z0", "ds-z1", "ds-z2"]
+DEEPSPEED = ["ds-z0", "ds-z1", "ds-z2", "ds-z3"]
 
 
 def deepspeed_python(explicit: str | None) -> str | None:

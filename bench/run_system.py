@@ -3,7 +3,7 @@
     torchrun --standalone --nproc_per_node 2 bench/run_system.py --system zerorun-z2
 
 Systems: zerorun-z0/z1/z2/z3, torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
-torch-fsdp2 (fully_shard per block, the head, then the root), ds-z0/z1/z2 (DeepSpeed with
+torch-fsdp2 (fully_shard per block, the head, then the root), ds-z0/z1/z2/z3 (DeepSpeed with
 the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERATOR=cpu on CPU).
 """
 
@@ -137,7 +137,12 @@ def setup_deepspeed(args, model, world: int):
             ts += list(v or [])
         return C.tensor_bytes_dedup(ts)
 
-    return step, state, lambda: list(model.parameters()), lambda: counted["bytes"]
+    def full_params() -> list[torch.Tensor]:  # ZeRO-3 keeps partitions: gather to read them
+        params = list(model.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=int(args.system[-1]) == 3):
+            return [p.detach().clone() for p in params]
+
+    return step, state, full_params, lambda: counted["bytes"]
 
 
 def _setup_one(system: str, args, world: int):
