@@ -33,8 +33,8 @@ class Block(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-class OffloadOptimizerConfig(Block):
-    """Where the fp32 master shard and the optimizer state live (ZeRO-Offload / ZeRO-Infinity)."""
+class OffloadBlock(Block):
+    """The keys both offload blocks share: the device, the NVMe directory, pinning."""
 
     device: OffloadDevice = Field("none", description="none (GPU), cpu, or nvme (files under nvme_path).")
     nvme_path: Str | None = Field(
@@ -44,6 +44,11 @@ class OffloadOptimizerConfig(Block):
         False,
         description="Page-locked CPU buffers (faster copies, more locked host memory). DeepSpeed >= 0.19.5 defaults to true.",
     )
+
+
+class OffloadOptimizerConfig(OffloadBlock):
+    """Where the fp32 master shard and the optimizer state live (ZeRO-Offload / ZeRO-Infinity)."""
+
     buffer_count: NonNegInt = Field(4, description="Number of buffers for optimizer-state swapping to NVMe.")
     fast_init: Bool = Field(False, description="Faster optimizer initialisation when offloading to NVMe.")
     ratio: Fraction = Field(1.0, description="Fraction of the optimizer state offloaded (< 1 needs stage 3).")
@@ -53,17 +58,9 @@ class OffloadOptimizerConfig(Block):
     )
 
 
-class OffloadParamConfig(Block):
+class OffloadParamConfig(OffloadBlock):
     """Where the 16-bit parameter shards live between uses (stage 3 only)."""
 
-    device: OffloadDevice = Field("none", description="none (GPU), cpu, or nvme (files under nvme_path).")
-    nvme_path: Str | None = Field(
-        None, description="Directory on a fast local NVMe; required with device nvme."
-    )
-    pin_memory: Bool = Field(
-        False,
-        description="Page-locked CPU buffers (faster copies, more locked host memory). DeepSpeed >= 0.19.5 defaults to true.",
-    )
     buffer_count: NonNegInt = Field(5, description="Number of buffers in the parameter swap pool (NVMe).")
     buffer_size: NonNegInt = Field(
         100_000_000, description="Elements per buffer of the parameter swap pool (NVMe)."
