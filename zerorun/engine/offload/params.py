@@ -24,13 +24,12 @@ host copies are same-device no-ops; the GPU copies run only on a GPU.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from zerorun.engine.offload.nvme import release_freed_memory
-from zerorun.engine.offload.policy import OffloadError, OffloadPolicy
+from zerorun.engine.offload.policy import OffloadPolicy, policy_for
 from zerorun.engine.offload.swapper import Swapper
 
 KEY = "zero_optimization.offload_param"
@@ -38,22 +37,7 @@ KEY = "zero_optimization.offload_param"
 
 def param_policy(zero: Any) -> OffloadPolicy:
     """The parameter-offload policy of a ``zero_optimization`` config block (stage 3 only)."""
-    block = getattr(zero, "offload_param", None)
-    device = getattr(block, "device", "none") or "none"
-    if device == "none":
-        return OffloadPolicy("none")
-    if device not in ("cpu", "nvme"):
-        raise OffloadError(f"{KEY}.device={device!r} is not one of none, cpu, nvme",
-                           "set offload_param.device to cpu or nvme")
-    if int(getattr(zero, "stage", 0)) != 3:
-        raise OffloadError(f"{KEY} needs zero_optimization.stage 3, but stage is {getattr(zero, 'stage', 0)}",
-                           "set stage: 3, or offload_param.device: none")
-    nvme_path = getattr(block, "nvme_path", None)
-    if device == "nvme" and not nvme_path:
-        raise OffloadError(f"{KEY}.device is nvme but nvme_path is not set",
-                           "set offload_param.nvme_path to a directory on a fast local disk")
-    return OffloadPolicy(device, bool(getattr(block, "pin_memory", False)),
-                         Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 5))))
+    return policy_for(zero, "offload_param", (3,))
 
 
 class ParamOffload:

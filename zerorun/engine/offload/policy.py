@@ -46,21 +46,33 @@ class OffloadPolicy:
         return out.pin_memory() if self.pins else out
 
 
-def from_config(zero: Any) -> OffloadPolicy:
-    """The optimizer-offload policy of a ``zero_optimization`` config block."""
-    block = getattr(zero, "offload_optimizer", None)
+def policy_for(zero: Any, name: str, stages: tuple[int, ...]) -> OffloadPolicy:
+    """The policy of the ``zero_optimization.<name>`` offload block, allowed at ``stages``.
+
+    The config's own rules reject these cases first; the checks here keep the engine
+    safe for a config object built without them.
+    """
+    key = f"zero_optimization.{name}"
+    block = getattr(zero, name, None)
     device = getattr(block, "device", "none") or "none"
     if device == "none":
         return OffloadPolicy("none")
     if device not in ("cpu", "nvme"):
-        raise OffloadError(f"zero_optimization.offload_optimizer.device={device!r} is not one of none, cpu, nvme",
-                           "set offload_optimizer.device to cpu or nvme")
-    if int(getattr(zero, "stage", 0)) == 0:
-        raise OffloadError("zero_optimization.offload_optimizer needs stage 1, 2 or 3, but stage is 0",
-                           "set zero_optimization.stage to 1 or higher, or offload_optimizer.device: none")
+        raise OffloadError(f"{key}.device={device!r} is not one of none, cpu, nvme",
+                           f"set {name}.device to cpu or nvme")
+    stage = int(getattr(zero, "stage", 0))
+    if stage not in stages:
+        allowed = ", ".join(map(str, stages))
+        raise OffloadError(f"{key} needs zero_optimization.stage {allowed}, but stage is {stage}",
+                           f"set zero_optimization.stage to {stages[0]}, or {name}.device: none")
     nvme_path = getattr(block, "nvme_path", None)
     if device == "nvme" and not nvme_path:
-        raise OffloadError("zero_optimization.offload_optimizer.device is nvme but nvme_path is not set",
-                           "set offload_optimizer.nvme_path to a directory on a fast local disk")
+        raise OffloadError(f"{key}.device is nvme but nvme_path is not set",
+                           f"set {name}.nvme_path to a directory on a fast local disk")
     return OffloadPolicy(device, bool(getattr(block, "pin_memory", False)),
                          Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 4))))
+
+
+def from_config(zero: Any) -> OffloadPolicy:
+    """The optimizer-offload policy of a ``zero_optimization`` config block (stages 1-3)."""
+    return policy_for(zero, "offload_optimizer", (1, 2, 3))
