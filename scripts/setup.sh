@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs everything zerorun and its tests need on a fresh Debian machine:
-# the ssh server and pdsh the launcher tests use, the CPU build of torch, and the
-# project itself in editable mode with its dev extras. Safe to run again.
+# Installs everything zerorun and its tests need on a fresh Debian machine: the ssh
+# server and pdsh the launcher tests use, then a fresh virtual environment `.venv`
+# holding the CPU build of torch and the project (editable, with its dev extras).
+# Only what pyproject.toml declares is in that environment, so a dependency the code
+# uses without declaring it fails the tests. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +17,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
-PY=${PYTHON:-python3}
-"$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip install -q -e ".[dev]"
+VENV=${ZERORUN_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "${PYTHON:-python3}" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q torch==2.13.0
+"$VENV/bin/python" -m pip install -q -e ".[dev]"
