@@ -10,7 +10,7 @@ from typing import Any
 
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
-from zerorun.compat.unsupported import unsupported, unsupported_class
+from zerorun.compat.unsupported import UnsupportedAttribute, unsupported, unsupported_class
 from zerorun.engine.api import add_config_arguments, initialize
 from zerorun.engine.bootstrap import init_distributed
 from zerorun.engine.engine import Engine as DeepSpeedEngine
@@ -28,6 +28,29 @@ InferenceEngine = unsupported_class("InferenceEngine", "inference injection (dee
 def init_inference(*args: Any, **kwargs: Any) -> Any:
     """Not implemented: DeepSpeed's inference engine (kernel injection, tensor parallelism)."""
     unsupported("inference injection (deepspeed.init_inference)")
+
+
+_MISSING = {
+    "checkpointing": "activation checkpointing (deepspeed.checkpointing; use torch.utils.checkpoint)",
+    "pipe": "pipeline parallelism (deepspeed.pipe)",
+    "moe": "mixture of experts (deepspeed.moe)",
+    "inference": "inference injection (deepspeed.inference)",
+    "module_inject": "inference kernel injection (deepspeed.module_inject)",
+    "profiling": "the flops profiler (deepspeed.profiling)",
+    "compression": "model compression (deepspeed.compression)",
+    "sequence": "sequence parallelism (deepspeed.sequence)",
+    "DeepSpeedTransformerLayer": "fused transformer kernels (deepspeed.DeepSpeedTransformerLayer)",
+    "DeepSpeedTransformerConfig": "fused transformer kernels (deepspeed.DeepSpeedTransformerConfig)",
+    "OnDevice": "deepspeed.OnDevice (meta-device construction)",
+}
+
+
+def missing_attribute(name: str) -> Any:
+    """``deepspeed.<name>`` that is not defined: a named feature zerorun lacks, else AttributeError."""
+    if name in _MISSING:
+        raise UnsupportedAttribute(f"DeepSpeed's {_MISSING[name]} is not implemented by zerorun (running as "
+                                   "`deepspeed`)", "remove it from the script, or run it with real DeepSpeed")
+    raise AttributeError(f"module 'deepspeed' (zerorun's compatibility package) has no attribute {name!r}")
 
 
 def add_tuning_arguments(parser: Any) -> Any:
