@@ -141,6 +141,11 @@ def check_rules(cfg: ZerorunConfig, given: frozenset[str], invalid: frozenset[st
     return problems
 
 
+TESTED_CLIENT_OPTIMIZERS = (*OPTIMIZERS, "FusedAdam", "DeepSpeedCPUAdam")
+"""Client optimizer classes ZeRO runs without ``zero_allow_untested_optimizer`` (the last two:
+``deepspeed.ops.adam`` under ``--as_deepspeed``, torch's Adam underneath)."""
+
+
 def check_client_optimizer(
     cfg: ZerorunConfig, has_client_optimizer: bool, client_optimizer_name: str | None = None
 ) -> None:
@@ -156,7 +161,7 @@ def check_client_optimizer(
             f"initialize: optimizer: the config's optimizer block ({cfg.optimizer.type}) is ignored: "
             f"initialize() was given an optimizer ({client_optimizer_name or 'a client optimizer'}), which is "
             "used, as DeepSpeed does (remove one of the two to silence this)"), stacklevel=3)
-    untested = client_optimizer_name is not None and client_optimizer_name not in OPTIMIZERS
+    untested = client_optimizer_name is not None and client_optimizer_name not in TESTED_CLIENT_OPTIMIZERS
     if (
         has_client_optimizer
         and untested
