@@ -200,3 +200,17 @@ def test_comm_collectives_on_two_ranks() -> None:
         assert (r["sum"], r["gathered"], r["flat"], r["b"]) == (3.0, [0.0, 1.0], [0.0, 10.0], 1.0)
         assert r["rs"] == 2 * rank + 1  # element `rank` of arange(2) + 0, plus of arange(2) + 1
         assert (r["rank"], r["world"], r["local"], r["init"]) == (rank, 2, rank, True)
+
+
+def test_initialize_takes_deepspeeds_parameter_order() -> None:
+    import argparse
+
+    from zerorun.compat.surface import initialize
+
+    model = nn.Linear(3, 1)
+    args = argparse.Namespace(deepspeed_config={"train_micro_batch_size_per_gpu": 2,
+                                                "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    data = torch.utils.data.TensorDataset(torch.randn(6, 3))
+    engine, opt, loader, sched = initialize(args, model, None, model.parameters(), data)  # DeepSpeed's order
+    assert engine.module is model and isinstance(opt, torch.optim.SGD) and sched is None
+    assert len(list(loader)) == 3

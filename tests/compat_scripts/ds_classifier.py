@@ -48,7 +48,7 @@ def main():
     engine, optimizer, _, _ = deepspeed.initialize(args=args, model=net, model_parameters=net.parameters())
     device = get_accelerator().current_device_name()
     rank, world = dist.get_rank(), dist.get_world_size()
-    assert engine.global_rank == rank and engine.dp_world_size == world and args.local_rank == engine.local_rank
+    assert engine.global_rank == rank and engine.dp_world_size == world and args.local_rank in (-1, engine.local_rank)
     per_rank = GLOBAL_BATCH // world
     losses = []
     for step in range(STEPS):

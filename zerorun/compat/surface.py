@@ -10,9 +10,10 @@ from typing import Any
 
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
+from zerorun.compat.comm import init_distributed
 from zerorun.compat.unsupported import UnsupportedAttribute, unsupported, unsupported_class
-from zerorun.engine.api import add_config_arguments, initialize
-from zerorun.engine.bootstrap import init_distributed
+from zerorun.engine import api
+from zerorun.engine.api import add_config_arguments
 from zerorun.engine.engine import Engine as DeepSpeedEngine
 
 __version__ = DEEPSPEED_VERSION
@@ -28,6 +29,23 @@ InferenceEngine = unsupported_class("InferenceEngine", "inference injection (dee
 def init_inference(*args: Any, **kwargs: Any) -> Any:
     """Not implemented: DeepSpeed's inference engine (kernel injection, tensor parallelism)."""
     unsupported("inference injection (deepspeed.init_inference)")
+
+
+def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model_parameters: Any = None,
+               training_data: Any = None, lr_scheduler: Any = None, distributed_port: int | None = None,
+               mpu: Any = None, dist_init_required: bool | None = None, collate_fn: Any = None,
+               config: Any = None, mesh_param: Any = None, config_params: Any = None) -> tuple[Any, Any, Any, Any]:
+    """DeepSpeed's ``initialize`` with its exact parameter order, onto :func:`zerorun.initialize`.
+
+    Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``; ``config`` (or
+    ``config_params``) wins over ``args.deepspeed_config``.
+    """
+    if mesh_param is not None:
+        unsupported("device meshes (initialize(mesh_param=...))")
+    return api.initialize(model=model, optimizer=optimizer, model_parameters=model_parameters,
+                          config=config if config is not None else config_params, lr_scheduler=lr_scheduler,
+                          training_data=training_data, collate_fn=collate_fn,
+                          dist_init_required=dist_init_required, args=args, mpu=mpu)
 
 
 _MISSING = {
