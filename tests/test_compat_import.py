@@ -127,6 +127,8 @@ def test_a_real_deepspeed_is_never_shadowed(real_deepspeed: Path) -> None:
     assert out.stdout.strip() == DEEPSPEED_VERSION, out.stderr
     with pytest.warns(UserWarning, match="a real DeepSpeed is installed"):
         assert rank_env({"ZERORUN_AS_DEEPSPEED": "1"}, [str(real_deepspeed)]) == {}
+    with pytest.warns(UserWarning, match="a real DeepSpeed is installed"):  # found on the rank's own PYTHONPATH
+        assert rank_env({"ZERORUN_AS_DEEPSPEED": "1", "PYTHONPATH": str(real_deepspeed)}, []) == {}
 
 
 def test_rank_env_puts_the_directory_first_once() -> None:

@@ -104,3 +104,12 @@ def test_master_addr_and_port_spellings() -> None:
     assert (ns.master_addr, ns.master_port) == ("10.0.0.1", "29600")
     ns = parse_args(["--master_addr=10.0.0.2", "--master_port=29601", "t.py"])
     assert (ns.master_addr, ns.master_port) == ("10.0.0.2", "29601")
+
+
+def test_plan_with_the_new_fields_round_trips_through_json() -> None:
+    from launcher.plan import AgentOptions, LaunchPlan
+
+    plan = build_plan(select((Host("localhost", 2),)), command=["py", "-u", "t.py", "--x"], job_id="j", cwd="/w",
+                      python="py", local=True, pass_local_rank=True, args_start=3,
+                      options=AgentOptions(bind_cores=True, bind_core_list="0-3"))
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
