@@ -59,6 +59,8 @@ class Engine:
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0
+        self.training_dataloader: Any = None
+        """The loader ``initialize(training_data=...)`` built; checkpoints carry its data position."""
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
         self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
