@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("watching the run")
     o.add_argument("--log_dir", help="also write each rank's output to DIR/rank<R>.log")
     o.add_argument("--ranks", help="show only these ranks on the console, e.g. '0' or '0,2-3' (logs keep all)")
+    o.add_argument("--max_restarts", type=int, default=0,
+                   help="after a failure, restart every rank up to N times (default 0); see --restart_backoff")
+    o.add_argument("--restart_backoff", type=float, default=1.0,
+                   help="seconds before the first restart, doubling for each next one (default 1)")
     o.add_argument("--kill_timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL at teardown (default 10)")
     o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour the [host:rank] prefixes")
     o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",

@@ -21,12 +21,11 @@ from launcher.devices import gpu_count
 from launcher.display import dump_json, plan_json, plan_text
 from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
-from launcher.executor import Executor
 from launcher.filters import NodeSlots, check_exclusive, limit, select
 from launcher.hostfile import Host, find_hosts
 from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
 from launcher.preflight import preflight
-from launcher.report import format_report
+from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
@@ -159,6 +158,7 @@ def commands_for(ns: argparse.Namespace, plan: LaunchPlan, kind: RunnerKind) -> 
 def main(argv: list[str]) -> int:
     """Launch; return the exit status (the first failing rank's, 128+N for a signal)."""
     ns = parse_args(argv)
+    policy = RestartPolicy(ns.max_restarts, ns.restart_backoff)
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
     plan, config = make_plan(ns, nodes, local)
@@ -172,7 +172,8 @@ def main(argv: list[str]) -> int:
         raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
         preflight(plan, ssh_options(ns))
-    result = Executor(plan, commands).run()
-    if result.failures:
-        print(format_report(result.failures, plan.world_size), file=sys.stderr)
-    return result.exit_code
+
+    def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
+        return plan if restart == 0 or ns.master_port != "auto" else make_plan(ns, nodes, local)[0]
+
+    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy).exit_code
