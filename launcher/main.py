@@ -16,6 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
 from launcher.devices import gpu_count
 from launcher.display import dump_json, plan_json, plan_text
@@ -26,7 +27,7 @@ from launcher.hostfile import Host, find_hosts
 from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
 from launcher.preflight import preflight
 from launcher.restarts import RestartPolicy, run_with_restarts
-from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands
+from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
 _DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -46,6 +47,8 @@ def resolve_nodes(ns: argparse.Namespace) -> tuple[tuple[NodeSlots, ...], bool]:
     """The selected nodes, and whether this machine alone runs the job (no hostfile)."""
     check_exclusive(ns.include, ns.exclude, ns.num_nodes, ns.num_gpus)
     hosts = find_hosts(ns.hostfile)
+    if hosts is None and ns.launcher == RunnerKind.SLURM.value and (not ns.dry_run or "SLURM_JOB_NODELIST" in os.environ):
+        hosts = allocation_hosts(os.environ, ns.num_gpus)  # inside salloc/sbatch the allocation is the hostfile
     if hosts is None:
         if ns.num_nodes is not None and ns.num_nodes > 1:
             raise FilterError(f"--num_nodes {ns.num_nodes} without a hostfile: only this machine is available",
@@ -170,6 +173,8 @@ def main(argv: list[str]) -> int:
         return 0
     if ns.json:
         raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")
+    if kind is RunnerKind.OPENMPI:
+        check_mpirun_as_root(tuple(shlex.split(ns.launcher_args)), os.environ, os.geteuid())
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
         preflight(plan, ssh_options(ns))
 
