@@ -162,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **rank_vars(os.environ)}
     if pass_local_rank:
         args.append(f"--local_rank={env['LOCAL_RANK']}")
-    shim = RankShim(args, env)
+    try:
+        shim = RankShim(args, env)
+    except OSError as e:  # the rank's command itself cannot start: srun/mpirun report the 127
+        print(f"[rank {env['RANK']}] zerorun: cannot start {args[0]!r}: {e.strerror or e}", file=sys.stderr)
+        return 127
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, shim.on_signal)
     status = shim.wait()

@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
 from launcher_slurm import SlurmCluster, slurm  # noqa: F401
 
@@ -103,3 +104,20 @@ def test_ctrl_c_inside_salloc_leaves_no_rank(slurm: SlurmCluster, tmp_path: Path
     assert "zerorun: Ctrl-C: forwarding SIGINT to every rank" in err
     assert proc.returncode == 130, err
     assert wait_gone(pids, timeout=5) == []
+
+
+def test_allocation_is_the_hostfile() -> None:
+    from launcher.allocation import allocation_hosts, tasks_per_node
+    from launcher.errors import LaunchError
+    from launcher.hostfile import Host
+
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+    expand = {"n[1-2]": ["n1", "n2"]}.__getitem__
+    assert allocation_hosts(env, None, expand) == (Host("n1", 4), Host("n2", 4))
+    assert allocation_hosts(env, 2, expand) == (Host("n1", 2), Host("n2", 2))
+    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST is not set") as err:
+        allocation_hosts({}, None, expand)
+    assert "salloc" in err.value.hint
+    with pytest.raises(LaunchError, match="cannot read 'x'"):
+        tasks_per_node("x")
