@@ -138,7 +138,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     sbin = "/usr/sbin"
     procs.append(subprocess.Popen([shutil.which("slurmctld") or f"{sbin}/slurmctld", "-D", "-i", "-f", str(conf)],
                                   env=env))
-    procs.append(subprocess.Popen([shutil.which("slurmd") or f"{sbin}/slurmd", "-D", "-f", str(conf)], env=env))
+    procs.append(subprocess.Popen([shutil.which("slurmd") or f"{sbin}/slurmd", "-D", "-N", node, "-f", str(conf)],
+                                  env=env))
     try:
         state = _wait_idle(env, time.monotonic() + 30)
         if state != "idle":
