@@ -136,10 +136,11 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     for key in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
         del env[key]  # the tests make their own allocations
     sbin = "/usr/sbin"
+    quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}  # they log to root/*.log
     procs.append(subprocess.Popen([shutil.which("slurmctld") or f"{sbin}/slurmctld", "-D", "-i", "-f", str(conf)],
-                                  env=env))
+                                  **quiet))
     procs.append(subprocess.Popen([shutil.which("slurmd") or f"{sbin}/slurmd", "-D", "-N", node, "-f", str(conf)],
-                                  env=env))
+                                  **quiet))
     try:
         state = _wait_idle(env, time.monotonic() + 30)
         if state != "idle":
