@@ -1,0 +1,53 @@
+"""The compute device and the collective kinds come from the group's device->backend map.
+
+A GPU machine cannot be had here, so the CUDA cases run the pure functions over the
+backend strings torch reports (``dist.get_backend_config``), with ``cuda_available`` as
+an argument; the CPU case uses a real gloo group created as "cpu:gloo".
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from zerorun.engine.bootstrap import choose_device_type, device_backends, init_distributed, native_scatter
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.errors import EngineError
+
+
+@pytest.mark.parametrize(("config", "cuda", "device", "backend"), [
+    ("cuda:nccl", True, "cuda", "nccl"),                 # init_process_group() on a GPU machine
+    ("cpu:gloo,cuda:nccl", True, "cuda", "nccl"),        # the mixed group
+    ("cpu:gloo, cuda:nccl", True, "cuda", "nccl"),
+    ("cpu:gloo,cuda:nccl", False, "cpu", "gloo"),
+    ("cpu:gloo,cuda:gloo", True, "cpu", "gloo"),         # init_process_group("gloo"): stays on the CPU
+    ("cpu:gloo", True, "cpu", "gloo"),
+    ("gloo", False, "cpu", "gloo"),
+    ("nccl", True, "cpu", "nccl"),                       # a bare name is read as the CPU's
+])
+def test_device_and_backend_from_the_map(config: str, cuda: bool, device: str, backend: str) -> None:
+    backends = device_backends(config)
+    chosen = choose_device_type(backends, cuda)
+    assert (chosen, backends[chosen]) == (device, backend)
+
+
+def test_native_scatter_only_where_the_backend_has_it() -> None:
+    assert native_scatter("nccl") and not native_scatter("gloo") and not native_scatter("undefined")
+
+
+def test_a_cuda_only_group_without_cuda_is_a_clear_error() -> None:
+    with pytest.raises(EngineError, match="serves"):
+        choose_device_type(device_backends("cuda:nccl"), False)
+
+
+def test_a_cpu_gloo_group_gives_cpu_and_emulated_scatter() -> None:
+    assert not dist.is_initialized()
+    dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ctx = init_distributed()  # reuses the group
+        assert (ctx.device, ctx.backend) == (torch.device("cpu"), "gloo")
+        coll = Collectives(ctx.group, 1, 0)
+        assert coll.device == torch.device("cpu") and not coll.native_reduce_scatter
+    finally:
+        dist.destroy_process_group()
