@@ -99,3 +99,21 @@ def test_a_queued_copy_is_waited_for_once_before_the_host_side_is_used(monkeypat
     t.copy(torch.zeros(2), torch.ones(2))  # host to host: a plain copy, nothing to wait for
     t.wait()
     assert cuda.log == []
+
+
+def test_parameter_offload_waits_for_the_queued_shard_copy_at_the_end_of_the_step(monkeypatch) -> None:
+    """ParamOffload (cpu) with pinning on: the stepped shard's copy down is queued, flush() waits."""
+    from types import SimpleNamespace
+
+    from zerorun.engine.offload.params import ParamOffload
+
+    bucket = SimpleNamespace(persistent=False, local=torch.zeros(4), offload=None)
+    off = ParamOffload(OffloadPolicy("cpu", pin_memory=True), [bucket])
+    cuda = FakeCuda()
+    off.copies = t = Mocked(True, cuda)
+    bucket.local = t.pinned(bucket.local)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in t.pinned_ids)
+    off.store(bucket, t.gpu(torch.full((4,), 5.0)))
+    assert bucket.local.tolist() == [5.0] * 4 and cuda.log == ["pin", "record"]
+    off.flush()
+    assert cuda.log == ["pin", "record", "sync"]
