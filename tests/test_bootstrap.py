@@ -11,7 +11,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from zerorun.engine.bootstrap import choose_device_type, device_backends, init_distributed, native_scatter
+from zerorun.engine.bootstrap import (
+    choose_device_type,
+    cuda_index,
+    device_backends,
+    init_distributed,
+    native_scatter,
+)
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 
@@ -51,3 +57,10 @@ def test_a_cpu_gloo_group_gives_cpu_and_emulated_scatter() -> None:
         assert coll.device == torch.device("cpu") and not coll.native_reduce_scatter
     finally:
         dist.destroy_process_group()
+
+
+def test_the_cuda_device_is_the_local_rank_or_the_only_visible_one() -> None:
+    assert [cuda_index(r, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert cuda_index(3, 1) == 0  # one GPU bound to this process
+    with pytest.raises(EngineError, match="sees 2 CUDA device"):
+        cuda_index(2, 2)

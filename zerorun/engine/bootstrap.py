@@ -89,10 +89,22 @@ def native_scatter(backend: str) -> bool:
     return backend in NATIVE_SCATTER_BACKENDS
 
 
+def cuda_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of the rank: ``LOCAL_RANK`` among the visible devices, or the only one
+    visible (a scheduler that binds one GPU to each process, e.g. ``srun --gpus-per-task=1``)."""
+    if visible == 1:
+        return 0
+    if 0 <= local_rank < visible:
+        return local_rank
+    raise EngineError(f"LOCAL_RANK is {local_rank}, but this process sees {visible} CUDA device(s)",
+                      "start at most one rank per visible GPU (check CUDA_VISIBLE_DEVICES and --num_gpus)")
+
+
 def _device(device_type: str, local_rank: int) -> torch.device:
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = cuda_index(local_rank, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device(device_type)
 
 
