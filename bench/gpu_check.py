@@ -23,6 +23,7 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -43,6 +44,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
     sys.path.insert(0, str(ROOT))
 
 import zerorun  # noqa: E402
+import zerorun.engine.bootstrap  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
     ActivationPolicy,
     Buckets,
@@ -226,12 +228,15 @@ def check_checkpoint(s: Sizes, stage: int, root: Path) -> dict[str, Any]:
 
 def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
     g, cuda = s.memory, device.type == "cuda"
-    cfg = config(g, stage, "bf16")
-    engine = build(g, cfg)
+    gc.collect()  # earlier checks' engines (reference cycles through their hooks) are gone
+    if cuda:
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    engine = build(g, config(g, stage, "bf16"))
     psi = engine.num_parameters()
     if cuda:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_peak_memory_stats()  # the peak from here on: model states are already held
     train(engine, g, 0, 3)
     shape = ModelShape(hidden=g.dim, layers=g.layers, heads=g.heads, vocab=g.vocab, seq_len=g.block,
                        micro_batch=g.batch, tied_embeddings=True)
@@ -246,20 +251,25 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
                            "engine_breakdown": breakdown,
                            "breakdown_ratio": sum(breakdown.values()) / states_and_buffers}
     if cuda:
-        peak = torch.cuda.max_memory_allocated()
-        out |= {"max_memory_allocated": peak, "ratio": peak / row.total}
+        peak = torch.cuda.max_memory_allocated() - base
+        out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total}
         out["passed"] = abs(out["ratio"] - 1.0) <= MEMORY_TOLERANCE
     else:
         out["passed"] = out["breakdown_ratio"] > 0  # dry mode: no allocator to compare; figures only
         out["dry"] = True
-    del engine
-    if cuda:
-        torch.cuda.empty_cache()
     return out
 
 
+def check_setup(device: torch.device, dry: bool) -> dict[str, Any]:
+    """The group serves the device the mode asks for: CUDA with NCCL, or the CPU with gloo (dry)."""
+    backends = zerorun.engine.bootstrap.group_backends()
+    want = ("cpu", "gloo") if dry else ("cuda", "nccl")
+    return {"passed": (device.type, backends.get(device.type)) == want, "backends": backends,
+            "device": str(device)}
+
+
 def checks(s: Sizes, device: torch.device, scratch: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
-    out: list[tuple[str, Callable[[], dict[str, Any]]]] = []
+    out: list[tuple[str, Callable[[], dict[str, Any]]]] = [("setup", lambda: check_setup(device, s is CPU_SIZES))]
     for stage in range(4):
         for dtype in ("fp32", "bf16"):
             out.append((f"parity/stage{stage}-{dtype}", lambda st=stage, dt=dtype: check_parity(s, device, st, dt)))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTED = ([f"parity/stage{s}-{d}" for s in range(4) for d in ("fp32", "bf16")]
+EXPECTED = (["setup"] + [f"parity/stage{s}-{d}" for s in range(4) for d in ("fp32", "bf16")]
             + ["stage3/zero_init", "stage3/offload_cpu", "stage3/offload_nvme", "checkpoint/stage2",
                "checkpoint/stage3"] + [f"memory/stage{s}" for s in range(4)])
 
