@@ -268,8 +268,8 @@ def check_setup(device: torch.device, dry: bool) -> dict[str, Any]:
             "device": str(device)}
 
 
-def checks(s: Sizes, device: torch.device, scratch: Path) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
-    out: list[tuple[str, Callable[[], dict[str, Any]]]] = [("setup", lambda: check_setup(device, s is CPU_SIZES))]
+def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    out: list[tuple[str, Callable[[], dict[str, Any]]]] = [("setup", lambda: check_setup(device, dry))]
     for stage in range(4):
         for dtype in ("fp32", "bf16"):
             out.append((f"parity/stage{stage}-{dtype}", lambda st=stage, dt=dtype: check_parity(s, device, st, dt)))
@@ -297,7 +297,7 @@ def run(cpu: bool, out_dir: Path, only: str | None = None) -> dict[str, Any]:
         summary["gpu"] = torch.cuda.get_device_name(ctx.device)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="zerorun-gpu-check-") as tmp:
-        for name, fn in checks(sizes, ctx.device, Path(tmp)):
+        for name, fn in checks(sizes, ctx.device, Path(tmp), cpu):
             if only and only not in name:
                 continue
             t0 = time.monotonic()
