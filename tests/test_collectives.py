@@ -114,7 +114,7 @@ def test_a_blocking_collective_on_a_foreign_device_runs_on_a_device_copy(monkeyp
         coll._run(x, True, lambda t: None)
 
 
-def _agree(rank: int, world: int) -> list[bool]:
+def _agree(rank: int, world: int) -> list[bool]:  # rank 1 fails
     coll = Collectives(dist.group.WORLD, world, rank)
     assert coll.device == torch.device("cpu") and not coll.native_reduce_scatter
     before = coll.counter.snapshot()
@@ -124,4 +124,4 @@ def _agree(rank: int, world: int) -> list[bool]:
 
 
 def test_all_true_is_false_everywhere_when_one_rank_fails() -> None:
-    assert run_distributed(_agree, 3, timeout=120) == [[True, False]] * 3
+    assert run_distributed(_agree, 2, timeout=120) == [[True, False]] * 2

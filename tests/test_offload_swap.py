@@ -99,19 +99,23 @@ sys.stdin.read()  # alive until the parent closes stdin
 """
 
 
-def _started(code: str, root: Path) -> tuple[subprocess.Popen[str], Path]:
-    child = subprocess.Popen([sys.executable, "-c", code, str(root)], env=ENV, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(code: str, root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", code, str(root)], env=ENV, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _swap_dir(child: subprocess.Popen[str]) -> Path:
+    """The swap directory the child prints once it is running."""
     assert child.stdout is not None
     line = child.stdout.readline()
     assert line, child.communicate(timeout=30)[1]
-    return child, Path(line.strip())
+    return Path(line.strip())
 
 
 def test_a_sigkilled_runs_swap_files_are_removed_at_the_next_start_a_live_runs_kept(tmp_path: Path) -> None:
-    killed, stale = _started(TRAIN_FOREVER, tmp_path)
-    live, alive = _started(HOLD, tmp_path)
+    killed, live = _start(TRAIN_FOREVER, tmp_path), _start(HOLD, tmp_path)  # both start at once
     try:
+        stale, alive = _swap_dir(killed), _swap_dir(live)
         time.sleep(0.2)  # mid-run: it is swapping
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=30)
