@@ -16,8 +16,10 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
 * ``memory/stage{0..3}``: a ~100M-parameter GPT (bf16, AdamW): the allocator's peak
   (``torch.cuda.max_memory_allocated`` over the training steps) against the ``zerorun
   estimate`` row of that stage (model states + buffers + activations, no context overhead);
-  the ratio must be within 10%. The dry mode has no allocator: it compares the engine's own
-  ``memory_breakdown()`` with the estimate's model states and buffers, and only reports.
+  the ratio must be within 10%. ``setup_peak_allocated`` (initialize's own peak) is reported.
+  The dry mode has no allocator: it compares the engine's own ``memory_breakdown()`` with the
+  estimate's model states and buffers, and only reports.
+* every parity check also fails if a parameter is not on the compute device after training.
 """
 
 from __future__ import annotations
@@ -157,6 +159,13 @@ def params_of(engine: Any) -> dict[str, torch.Tensor]:
         return {n: p.detach().float().cpu().clone() for n, p in engine.module.named_parameters()}
 
 
+def placement(engine: Any) -> dict[str, list[str]]:
+    """Device types of the gathered parameters, and of the gradients the engine reduces."""
+    with zerorun.zero.GatheredParameters(list(engine.module.parameters())):
+        params = sorted({p.device.type for p in engine.module.parameters()})
+    return {"params": params, "buckets": sorted({b.data.device.type for b in engine.parts.buckets})}
+
+
 def build(g: GPT, cfg: dict[str, Any], zero_init: bool = False) -> Any:
     if zero_init:
         with zerorun.zero.Init(config=cfg):
@@ -183,10 +192,18 @@ def compare(dtype: str, steps: int, losses: list[float], params: dict[str, torch
 
 
 # ---- the checks -------------------------------------------------------------------------------
+def on_device(out: dict[str, Any], engine: Any, device: torch.device) -> dict[str, Any]:
+    """Add where the parameters live; a parameter off the compute device fails the check."""
+    out["placement"] = placement(engine)
+    out["passed"] = out["passed"] and out["placement"]["params"] == [device.type]
+    return out
+
+
 def check_parity(s: Sizes, device: torch.device, stage: int, dtype: str) -> dict[str, Any]:
     engine = build(s.parity, config(s.parity, stage, dtype))
     losses = train(engine, s.parity, 0, s.steps)
-    return compare(dtype, s.steps, losses, params_of(engine), reference(s.parity, dtype, s.steps, device))
+    out = compare(dtype, s.steps, losses, params_of(engine), reference(s.parity, dtype, s.steps, device))
+    return on_device(out, engine, device)
 
 
 def _pinned(engine: Any) -> bool:
@@ -205,7 +222,8 @@ def check_stage3(s: Sizes, device: torch.device, variant: str, swap: Path) -> di
     engine = build(s.parity, config(s.parity, 3, "fp32", **zero), zero_init=variant == "zero_init")
     pinned = _pinned(engine) if variant == "offload_cpu" else None
     losses = train(engine, s.parity, 0, s.steps)
-    out = compare("fp32", s.steps, losses, params_of(engine), reference(s.parity, "fp32", s.steps, device))
+    out = on_device(compare("fp32", s.steps, losses, params_of(engine), reference(s.parity, "fp32", s.steps, device)),
+                    engine, device)
     if pinned is not None:
         out["pinned"] = pinned
         out["passed"] = out["passed"] and pinned == (device.type == "cuda")
@@ -232,8 +250,11 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
     if cuda:
         torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     engine = build(g, config(g, stage, "bf16"))
     psi = engine.num_parameters()
+    setup_peak = torch.cuda.max_memory_allocated() - base if cuda else None  # a figure: initialize's own peak
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()  # the peak from here on: model states are already held
@@ -252,7 +273,8 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
                            "breakdown_ratio": sum(breakdown.values()) / states_and_buffers}
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
-        out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total}
+        out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total,
+                "setup_peak_allocated": setup_peak}
         out["passed"] = abs(out["ratio"] - 1.0) <= MEMORY_TOLERANCE
     else:
         out["passed"] = out["breakdown_ratio"] > 0  # dry mode: no allocator to compare; figures only
