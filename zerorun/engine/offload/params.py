@@ -69,7 +69,6 @@ class ParamOffload:
     def nvme(self) -> bool:
         return self.swapper is not None
 
-
     # ---- bucket hooks -----------------------------------------------------------------------
     def store(self, bucket: Any, shard: torch.Tensor) -> None:
         """The bucket's new resting shard (compute dtype): into host memory, or written to its file."""
