@@ -7,18 +7,19 @@ an argument; the CPU case uses a real gloo group created as "cpu:gloo".
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-import torch
-import torch.distributed as dist
 
 from zerorun.engine.bootstrap import (
     choose_device_type,
     cuda_index,
     device_backends,
-    init_distributed,
     native_scatter,
 )
-from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 
 
@@ -47,16 +48,24 @@ def test_a_cuda_only_group_without_cuda_is_a_clear_error() -> None:
         choose_device_type(device_backends("cuda:nccl"), False)
 
 
+CPU_GLOO = """
+import torch, torch.distributed as dist
+from zerorun.engine.bootstrap import init_distributed
+from zerorun.engine.collectives import Collectives
+dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
+ctx = init_distributed()  # reuses the group
+coll = Collectives(ctx.group, 1, 0)
+print(ctx.device, ctx.backend, coll.device, coll.native_reduce_scatter)
+"""
+
+
 def test_a_cpu_gloo_group_gives_cpu_and_emulated_scatter() -> None:
-    assert not dist.is_initialized()
-    dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        ctx = init_distributed()  # reuses the group
-        assert (ctx.device, ctx.backend) == (torch.device("cpu"), "gloo")
-        coll = Collectives(ctx.group, 1, 0)
-        assert coll.device == torch.device("cpu") and not coll.native_reduce_scatter
-    finally:
-        dist.destroy_process_group()
+    """In a fresh interpreter: this one may hold a default group from another test."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-c", CPU_GLOO], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[1], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cpu", "gloo", "cpu", "False"]
 
 
 def test_the_cuda_device_is_the_local_rank_or_the_only_visible_one() -> None:
