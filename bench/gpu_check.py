@@ -318,6 +318,14 @@ def run(cpu: bool, out_dir: Path, only: str | None = None) -> dict[str, Any]:
     if ctx.device.type == "cuda":
         summary["gpu"] = torch.cuda.get_device_name(ctx.device)
     started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(complete: bool) -> None:  # after every check: a run stopped by the time limit still tells
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        summary["complete"] = complete
+        summary["passed"] = complete and all(c["passed"] for c in summary["checks"].values())
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
     with tempfile.TemporaryDirectory(prefix="zerorun-gpu-check-") as tmp:
         for name, fn in checks(sizes, ctx.device, Path(tmp), cpu):
             if only and only not in name:
@@ -329,11 +337,9 @@ def run(cpu: bool, out_dir: Path, only: str | None = None) -> dict[str, Any]:
                 result = {"passed": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             result["seconds"] = round(time.monotonic() - t0, 2)
             summary["checks"][name] = result
+            write(complete=False)
             print(f"{'PASS' if result['passed'] else 'FAIL'}  {name}  ({result['seconds']} s)", flush=True)
-    summary["seconds"] = round(time.monotonic() - started, 1)
-    summary["passed"] = all(c["passed"] for c in summary["checks"].values())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    write(complete=True)
     return summary
 
 

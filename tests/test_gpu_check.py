@@ -27,6 +27,7 @@ def test_gpu_check_dry_mode_runs_every_check_and_passes(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["mode"], summary["backend"], summary["device"]) == ("cpu", "gloo", "cpu")
+    assert summary["complete"] and summary["passed"]
     assert list(summary["checks"]) == EXPECTED
     failed = {n: c for n, c in summary["checks"].items() if not c["passed"]}
     assert not failed, failed
