@@ -207,8 +207,12 @@ def check_parity(s: Sizes, device: torch.device, stage: int, dtype: str) -> dict
 
 
 def _pinned(engine: Any) -> bool:
-    masters = [m.data for m in engine.parts.masters.masters if m.data.numel()]
-    return bool(masters) and all(m.is_pinned() for m in masters)
+    """The offloaded fp32 masters and the resting parameter shards are all in pinned memory."""
+    held = [m.data for m in engine.parts.masters.masters]
+    offload = getattr(engine.parts, "param_offload", None)
+    held += [b.local for b in (offload.buckets if offload is not None else []) if b.local is not None]
+    held = [t for t in held if t.numel()]
+    return bool(held) and all(t.device.type == "cpu" and t.is_pinned() for t in held)
 
 
 def check_stage3(s: Sizes, device: torch.device, variant: str, swap: Path) -> dict[str, Any]:
