@@ -111,12 +111,14 @@ def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def config(g: GPT, stage: int, dtype: str, **zero: Any) -> dict[str, Any]:
+    """World size 1, AdamW; small buckets (several per model) unless ``zero`` says otherwise."""
+    zero = {"reduce_bucket_size": 200_000, "overlap_comm": stage >= 2, **zero}
     return {
         "train_micro_batch_size_per_gpu": g.batch,
         "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
         "bf16": {"enabled": dtype == "bf16"},
-        "zero_optimization": {"stage": stage, "reduce_bucket_size": 200_000, "overlap_comm": stage >= 2, **zero},
+        "zero_optimization": {"stage": stage, **zero},
     }
 
 
@@ -256,7 +258,7 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
     base = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    engine = build(g, config(g, stage, "bf16"))
+    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=50_000_000))  # a common production size
     psi = engine.num_parameters()
     setup_peak = torch.cuda.max_memory_allocated() - base if cuda else None  # a figure: initialize's own peak
     if cuda:
