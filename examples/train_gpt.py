@@ -125,6 +125,7 @@ def main() -> None:
     while step < args.steps:
         loader.sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(engine.device), y.to(engine.device)  # the rank's GPU (or the CPU on gloo)
             logits = engine(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
             engine.backward(loss)

@@ -75,6 +75,7 @@ def main() -> None:
     for step in range(args.steps):
         for k in range(gas):
             x, y = batch(step * gas + k, rank, world, micro, args.hidden, teacher)
+            x, y = x.to(engine.device), y.to(engine.device)  # the rank's GPU (or the CPU on gloo)
             loss = F.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
