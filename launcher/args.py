@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from launcher.errors import LaunchError
+from launcher.parser import LauncherParser
 from launcher.runners import RunnerKind
 
 EXAMPLES = """\
-examples:
+Examples:
   zerorun --num_gpus 2 train.py --lr 1e-3          2 ranks here (CPU ranks on gloo without GPUs)
   zerorun --hostfile hostfiles/two-nodes train.py   every slot of every host (pdsh, else ssh)
   zerorun -H hosts --include 'w1:0-3@w2' train.py   4 slots of w1 and all of w2
@@ -24,9 +25,10 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = LauncherParser(
         prog="zerorun", usage="zerorun [launcher options] SCRIPT [script args]",
-        description="Launch SCRIPT on this machine or on the hosts of a hostfile.",
+        description="Launch SCRIPT on this machine or on the hosts of a hostfile. Every flag takes - or _ "
+                    "alike (--num_gpus = --num-gpus); options end at SCRIPT, the rest is the script's.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )
     w = p.add_argument_group("where to run")
@@ -69,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
     """``(launcher options + SCRIPT, script args)``: the first non-option token is SCRIPT."""
+    if isinstance(parser, LauncherParser):
+        parser.both_spellings()
     actions = parser._option_string_actions
     i = 0
     while i < len(argv):
