@@ -25,14 +25,14 @@ def _world_size(args: AutotuneArgs) -> int:
 def _options(args: AutotuneArgs) -> TuneOptions:
     from pathlib import Path
 
-    from zerorun.estimate import parse_bytes, parse_param_count
+    from zerorun.estimate import parse_gpu_memory, parse_param_count
 
     ns = args.ns
     budget, timeout = durations(ns)
     return TuneOptions(
         out_dir=Path(ns.out), metric=ns.metric, time_budget_s=budget, trial_timeout_s=timeout,
         hidden_size=ns.hidden_size, params=parse_param_count(ns.params) if ns.params else None,
-        gpu_memory=parse_bytes(ns.gpu_memory) if ns.gpu_memory else None,
+        gpu_memory=parse_gpu_memory(ns.gpu_memory) if ns.gpu_memory else None,
         knobs=tuple(k.strip() for k in ns.knobs.split(",") if k.strip()) if ns.knobs else None,
         grid_points=ns.grid_points, max_rounds=ns.rounds,
     )

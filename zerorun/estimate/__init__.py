@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from zerorun.estimate.activations import ActivationPolicy, activation_bytes, layer_activation_bytes
 from zerorun.estimate.buffers import Buckets, buffer_terms
-from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_param_count
+from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_gpu_memory, parse_param_count
 from zerorun.estimate.memory_model import (
     DEFAULT_OVERHEAD,
     RECOMMEND_HEADROOM,
@@ -39,6 +39,6 @@ __all__ = [
     "DEFAULT_OVERHEAD", "RECOMMEND_HEADROOM", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
     "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
     "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
-    "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes",
+    "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes", "parse_gpu_memory",
     "parse_param_count", "placements", "recommend", "shape_from_hf_config",
 ]

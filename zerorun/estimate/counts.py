@@ -61,6 +61,24 @@ def parse_bytes(text: str | int) -> int:
     return round(value)
 
 
+GPU_MEMORY_RANGE = (2**26, 2**46)
+"""64 MiB to 64 TiB: a per-GPU memory outside this is a typo (``80`` meant as bytes, ``80TB``)."""
+
+
+def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> int:
+    """Memory per GPU: ``80GB``, ``80GiB``, ``80G`` (binary); a bare number is GiB, as GPUs are sold.
+
+    A value outside ``GPU_MEMORY_RANGE`` is an error, not a chart of absurd numbers.
+    """
+    bare = _COUNT_RE.match(str(text))
+    value = parse_bytes(f"{text}GiB" if bare and not bare.group(2) else text)
+    lo, hi = GPU_MEMORY_RANGE
+    if not lo <= value <= hi:
+        raise CountError(f"{flag} {text!r} is {value / GiB:.3g} GiB, not the memory of one GPU",
+                         hint=f"give the memory of one GPU, e.g. {flag} 80GB or {flag} 24 (GiB)")
+    return value
+
+
 def gib(n_bytes: float) -> float:
     """Bytes to GiB (2**30 bytes), the unit every table of the estimator prints."""
     return n_bytes / GiB

@@ -1,0 +1,29 @@
+"""The options every tool shares, defined once so that they are spelt and mean the same.
+
+``--gpus``, ``--num-gpus`` (= ``--num_gpus``, the launcher's name) and ``--world-size``
+are one option: ranks per node, times ``--nodes`` for the world size. ``--json`` makes
+a command's result (and its errors) one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Gpus = Annotated[
+    int | None,
+    typer.Option("--gpus", "--num-gpus", "--world-size", "-w", min=1,
+                 help="Ranks (GPUs) per node; the world size is this x --nodes.", show_default=False),
+]
+Nodes = Annotated[int, typer.Option("--nodes", "--num-nodes", min=1, help="Number of nodes.")]
+HiddenSize = Annotated[
+    int | None,
+    typer.Option("--hidden-size", min=1, help='Model hidden size; resolves the bucket-size "auto" values.'),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print the result (or the error) as JSON on stdout.")]
+
+
+def world_size(gpus: int | None, nodes: int) -> int | None:
+    """``gpus x nodes``, or None when no rank count was given (then it is known at run time)."""
+    return None if gpus is None else gpus * nodes
