@@ -60,6 +60,26 @@ def _model_state_bytes(engine: Any) -> int:
     return int(sum(engine.memory_breakdown().values()))
 
 
+def measured_facts(engine: Any) -> dict[str, Any]:
+    """What ``zerorun estimate --measure`` compares: the memory held after the steps, and the
+    config the engine really ran (stage, precision, optimizer, bucket knobs)."""
+    cfg = engine.config
+    zero = cfg.zero_optimization
+    optimizer = type(engine.optimizer).__name__.lower()
+    if optimizer == "sgd":
+        optimizer = "sgd" if engine.optimizer.defaults.get("momentum") else "sgd-nomomentum"
+    knobs = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size",
+             "stage3_max_live_parameters", "stage3_param_persistence_threshold")
+    return {
+        "memory_breakdown": dict(engine.memory_breakdown()),
+        "dtype": "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32",
+        "optimizer": optimizer,
+        "buckets": {k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
+        "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
+        "offload_param": str(getattr(zero.offload_param.device, "value", zero.offload_param.device)),
+    }
+
+
 def recorder_for(engine: Any) -> TrialRecorder | None:
     """A recorder wired to ``engine`` when this process is a trial, else None."""
     spec = TrialSpec.from_env()
@@ -81,6 +101,7 @@ def recorder_for(engine: Any) -> TrialRecorder | None:
     recorder = TrialRecorder(
         spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak, facts=facts,
         held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
+        late_facts=lambda: measured_facts(engine),
     )
     recorder.install_excepthook()
     return recorder

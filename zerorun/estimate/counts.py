@@ -82,3 +82,11 @@ def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> int:
 def gib(n_bytes: float) -> float:
     """Bytes to GiB (2**30 bytes), the unit every table of the estimator prints."""
     return n_bytes / GiB
+
+
+def human_bytes(n_bytes: float) -> str:
+    """``1536`` -> ``1.50 KiB``, ``3 * 2**30`` -> ``3.00 GiB``: sizes as people read them."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{int(n_bytes)} B"
