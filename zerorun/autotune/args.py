@@ -30,8 +30,14 @@ _OWN_DESTS = frozenset({
 _DRY_RUN = frozenset({"--dry-run", "--dry_run"})
 
 
+USAGE = "zerorun autotune [launcher options] --config FILE [autotune options] SCRIPT [script args]"
+
+
 class AutotuneArgsError(UsageError):
     """The autotune command line cannot be used (a usage error: exit 2)."""
+
+    def __init__(self, message: str, hint: str | None = None, usage: str | None = USAGE) -> None:
+        super().__init__(message, hint, usage)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class AutotuneArgs:
 def build_autotune_parser() -> argparse.ArgumentParser:
     p = build_parser()
     p.prog = "zerorun autotune"
-    p.usage = "zerorun autotune [launcher options] --config FILE [autotune options] SCRIPT [script args]"
+    p.usage = USAGE
     p.description = ("Tune the ZeRO bucket and prefetch sizes of SCRIPT by short real trials, each one a launcher "
                      "run of the unchanged script; write the ranked trials and the best config.")
     p.epilog = AUTOTUNE_EXAMPLES

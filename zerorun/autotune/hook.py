@@ -16,6 +16,8 @@ GPU, else ``model_state``: the engine's memory breakdown total).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,22 @@ def measured_facts(engine: Any) -> dict[str, Any]:
     }
 
 
+def _leave(code: int) -> None:
+    """End a trial process: every rank at the barrier, then the process group torn down.
+
+    Exiting with a live gloo group can abort in its threads' destructors ("terminate
+    called without an active exception", SIGABRT), which would turn a finished trial
+    into a crash.
+    """
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    sys.exit(code)
+
+
 def recorder_for(engine: Any) -> TrialRecorder | None:
     """A recorder wired to ``engine`` when this process is a trial, else None."""
     spec = TrialSpec.from_env()
@@ -101,7 +119,7 @@ def recorder_for(engine: Any) -> TrialRecorder | None:
     recorder = TrialRecorder(
         spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak, facts=facts,
         held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
-        late_facts=lambda: measured_facts(engine),
+        late_facts=lambda: measured_facts(engine), exit=_leave,
     )
     recorder.install_excepthook()
     return recorder
