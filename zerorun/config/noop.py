@@ -46,3 +46,4 @@ def keys_without_effect(cfg: ZerorunConfig, given: frozenset[str]) -> list[Probl
         for path, reason in NO_EFFECT.items()
         if path in given and _value(cfg, path) != _default(path)
     ]
+
