@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-i", "--include", help="keep only these hosts/slots, e.g. 'w1:0,1@w2' or 'w1:0-3'")
     w.add_argument("-e", "--exclude", help="drop these hosts/slots, e.g. 'w2' or 'w1:0'")
     w.add_argument("--num_nodes", type=int, help="use the first N hosts")
-    w.add_argument("--num_gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
+    w.add_argument("--num_gpus", "--gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
                    help="ranks per node (the first G slots); on a machine without GPUs, G CPU ranks")
     w.add_argument("--master_addr", help="address of rank 0's store (default: the first node; 127.0.0.1 locally)")
     w.add_argument("--master_port", default="29500", help="port of rank 0's store, or `auto` for a free local port (default 29500)")

@@ -18,6 +18,7 @@ import typer
 
 from zerorun.commands import autotune, convert, estimate, print_config, report, validate
 from zerorun.commands.boundary import click_module, from_click, print_error
+from zerorun.commands.options import ALIASES
 from zerorun.config.suggest import did_you_mean
 from zerorun.errors import UsageError, ZerorunError
 
@@ -56,7 +57,7 @@ app.command("convert")(convert.command)
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)
 def launch(ctx: typer.Context) -> None:
-    """Launch a training script: the same as `zerorun [launcher options] SCRIPT [args]`.
+    """Launch a training script: the same as `zerorun \\[launcher options] SCRIPT \\[args]`.
 
     Examples:
 
@@ -97,10 +98,12 @@ def route(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def one_spelling(args: list[str]) -> list[str]:
-    """``--hidden_size`` -> ``--hidden-size`` for the typer commands (up to a ``--``).
+    """``--hidden_size`` -> ``--hidden-size``, ``--num_gpus`` -> ``--gpus`` for the typer commands.
 
     The launcher's flags are DeepSpeed's (underscores) and the tools' are hyphenated;
     both spellings work everywhere, so a user never has to remember which is which.
+    The shared options' other names (``options.ALIASES``) map to their one option.
+    Tokens after a ``--`` are left alone.
     """
     out: list[str] = []
     for i, token in enumerate(args):
@@ -108,7 +111,8 @@ def one_spelling(args: list[str]) -> list[str]:
             return out + args[i:]
         if token.startswith("--"):
             name, eq, value = token.partition("=")
-            token = "--" + name[2:].replace("_", "-") + eq + value
+            name = "--" + name[2:].replace("_", "-")
+            token = ALIASES.get(name, name) + eq + value
         out.append(token)
     return out
 

@@ -13,10 +13,12 @@ import typer
 
 Gpus = Annotated[
     int | None,
-    typer.Option("--gpus", "--num-gpus", "--world-size", "-w", min=1,
-                 help="Ranks (GPUs) per node; the world size is this x --nodes.", show_default=False),
+    typer.Option("--gpus", "-w", min=1, show_default=False,
+                 help="Ranks (GPUs) per node, also spelt --num-gpus or --world-size; the world size is this x --nodes."),
 ]
-Nodes = Annotated[int, typer.Option("--nodes", "--num-nodes", min=1, help="Number of nodes.")]
+Nodes = Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes (also spelt --num-nodes).")]
+ALIASES = {"--num-gpus": "--gpus", "--world-size": "--gpus", "--num-nodes": "--nodes"}
+"""Other names of the shared options, as the launcher and DeepSpeed spell them."""
 HiddenSize = Annotated[
     int | None,
     typer.Option("--hidden-size", min=1, help='Model hidden size; resolves the bucket-size "auto" values.'),
