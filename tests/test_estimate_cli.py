@@ -181,8 +181,10 @@ def test_measure_runs_the_script_and_compares_term_by_term(capsys: pytest.Captur
 
     root = Path(__file__).resolve().parent.parent
     script = f"{root / 'examples' / 'train_toy.py'} --config {root / 'templates' / 'zero2.yaml'} --hidden 16 --layers 2"
-    assert main(["estimate", "--gpus", "2", "--measure", script, "--measure-steps", "1", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    code = main(["estimate", "--gpus", "2", "--measure", script, "--measure-steps", "1", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(out)
     assert data["measured"]["stage"] == 2 and data["measured"]["world_size"] == 2
     terms = {t["term"]: t for t in data["terms"]}
     assert set(terms) == {"params", "gradients", "master_params", "optimizer_states", "buffers", "total"}

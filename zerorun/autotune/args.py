@@ -55,7 +55,8 @@ def build_autotune_parser() -> argparse.ArgumentParser:
     p.prog = "zerorun autotune"
     p.usage = USAGE
     p.description = ("Tune the ZeRO bucket and prefetch sizes of SCRIPT by short real trials, each one a launcher "
-                     "run of the unchanged script; write the ranked trials and the best config.")
+                     "run of the unchanged script; write the ranked trials and the best config. Every flag takes - or _ "
+                     "alike; options end at SCRIPT, the rest is the script's.")
     p.epilog = AUTOTUNE_EXAMPLES
     a = p.add_argument_group("autotune")
     a.add_argument("--stage", type=int, choices=[1, 2, 3], help="tune this ZeRO stage (default: the config's)")
