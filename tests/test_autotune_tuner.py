@@ -116,3 +116,28 @@ def test_dry_run_lists_candidates_and_prune_reasons_without_running(tmp_path: Pa
     assert "GiB per GPU >" in (verdicts[(16 * 4096**2, False)] or "")
     _, _, off = _setup(tmp_path, hidden_size=4096, gpu_memory=gpu)[0].plan()
     assert off is not None and "--params" in off
+
+
+@dataclass(frozen=True)
+class CrashingRunner(TrialRunner):
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, knobs: Mapping[str, Any], trial_dir: Path, timeout_s: float | None) -> TrialRun:
+        self.calls.append(dict(knobs))
+        return TrialRun(TrialOutcome(Outcome.CRASH, reason="rank 1: ModuleNotFoundError: No module named 'x'"),
+                        {}, 2.0, trial_dir / "output.log")
+
+
+def test_a_crashed_baseline_stops_the_search_with_its_cause(tmp_path: Path) -> None:
+    import pytest
+
+    from zerorun.autotune.tuner import BaselineFailed
+
+    (tmp_path / "train.py").write_text("import x\n")
+    tuner, _ = _setup(tmp_path)
+    runner = CrashingRunner(("--num_gpus", "2"), str(tmp_path / "train.py"), (), warmup=1, steps=2)
+    tuner.runner = runner
+    with pytest.raises(BaselineFailed, match="No module named 'x'") as err:
+        tuner.run()
+    assert len(runner.calls) == 1  # not repeated, and no candidate after it
+    assert "output.log" in (err.value.hint or "")

@@ -20,8 +20,9 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 
 def command(
-    checkpoint_dir: Annotated[Path, typer.Argument(help="A save_dir (uses its 'latest' tag) or one tag directory.")],
-    out: Annotated[Path, typer.Argument(help="Output file: .safetensors (needs safetensors) or .pt.")],
+    checkpoint_dir: Annotated[Path, typer.Argument(help="A save_dir (uses its 'latest' tag) or one tag directory.",
+                                                   metavar="CHECKPOINT_DIR")],
+    out: Annotated[Path, typer.Argument(help="Output file: .safetensors (needs safetensors) or .pt.", metavar="OUT")],
     tag: Annotated[str | None, typer.Option("--tag", "-t", help="Tag to convert (default: latest).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 (default), bf16 or fp16.")] = "fp32",
 ) -> None:

@@ -125,7 +125,7 @@ def command(
     if measure is not None:  # the engine's own Ψ and config: the shape flags do not apply
         from zerorun.commands.measure import print_measurement, run_measurement
 
-        print_measurement(run_measurement(measure, (gpus or 1) * nodes, config, measure_steps), as_json)
+        print_measurement(run_measurement(measure, gpus or 1, config, measure_steps), as_json)  # local ranks
         return
     notes: list[str] = []
     shape = _shape(model, hidden, layers, heads, {"kv_heads": kv_heads, "ffn": ffn, "vocab": vocab, "seq_len": seq_len, "micro_batch": micro_batch})

@@ -77,7 +77,7 @@ def _print_template(template: str | None, file: Path | None, output: Path | None
 
 def command(
     file: Annotated[
-        Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False)
+        Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False, metavar="FILE")
     ] = None,
     gpus: Gpus = None,
     nodes: Nodes = 1,
