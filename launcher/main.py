@@ -30,7 +30,7 @@ from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
-_DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+_DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed", "--config")
 
 
 def local_nodes(ns: argparse.Namespace) -> tuple[NodeSlots, ...]:
@@ -89,8 +89,9 @@ def master_port(text: str) -> tuple[int, str | None]:
 def validate_config(path: str, world_size: int, flag: str) -> str:
     """Check the config file before any rank starts; return its absolute path."""
     p = Path(path)
-    if not p.is_file():
-        raise LaunchError(f"{flag} {path!r} does not exist", "check the path of the config file")
+    if p.is_dir() or not p.exists():
+        what = "is a directory, not a config file" if p.is_dir() else "does not exist"
+        raise LaunchError(f"{flag} {path!r} {what}", "check the path of the config file")
     try:
         from zerorun.config import load_config
     except ImportError:
@@ -100,18 +101,56 @@ def validate_config(path: str, world_size: int, flag: str) -> str:
     return str(p.resolve())
 
 
+def _flag_value(args: list[str], i: int) -> tuple[str, str | None]:
+    """``(flag, value)`` of ``args[i]``: ``--flag=value`` or ``--flag value`` (None: no value)."""
+    flag, eq, value = args[i].partition("=")
+    if eq:
+        return flag, value
+    following = args[i + 1] if i + 1 < len(args) else ""
+    return flag, following if following and not following.startswith("-") else None
+
+
+def _is_engine_config(path: str) -> bool:
+    """Whether an existing file given as the script's ``--config`` holds engine keys at all.
+
+    A script's ``--config`` may name its own file (a model config, say); only a file
+    with at least one top-level key of the engine's config is checked as one.
+    """
+    try:
+        from zerorun.config.read import read_source
+        from zerorun.config.schema import ZerorunConfig
+
+        raw, _ = read_source(path)
+    except Exception:  # unreadable or malformed: the engine reading it would fail the same way
+        return True
+    return bool(set(raw) & set(ZerorunConfig.model_fields))
+
+
 def script_configs(script_args: list[str]) -> list[tuple[str, str]]:
-    """``(flag, path)`` for each ``--deepspeed_config``/``--deepspeed`` FILE among the script's args."""
+    """``(flag, path)`` for each engine config among the script's args, as the engine finds them.
+
+    ``--deepspeed_config FILE`` (or ``=FILE``) always; ``--config``/``--deepspeed`` when
+    FILE ends in .json/.yaml/.yml (and, for an existing ``--config``, holds engine keys).
+    """
     found = []
-    for i, token in enumerate(script_args):
-        flag, eq, value = token.partition("=")
-        if flag not in _DS_CONFIG_FLAGS:
+    for i in range(len(script_args)):
+        flag, value = _flag_value(script_args, i)
+        if flag not in _DS_CONFIG_FLAGS or not value:
             continue
-        if not eq:
-            value = script_args[i + 1] if i + 1 < len(script_args) else ""
-        if value and not value.startswith("-") and (flag == "--deepspeed_config" or Path(value).suffix in (".json", ".yaml", ".yml")):
-            found.append((flag, value))
+        if flag != "--deepspeed_config" and Path(value).suffix not in (".json", ".yaml", ".yml"):
+            continue
+        if flag == "--config" and Path(value).is_file() and not _is_engine_config(value):
+            continue
+        found.append((flag, value))
     return found
+
+
+def check_script(ns: argparse.Namespace, local: bool) -> None:
+    """A local launch of a script file that does not exist fails here, not on every rank."""
+    if ns.module or ns.no_python or not local or Path(ns.script).is_file():
+        return
+    raise LaunchError(f"SCRIPT {ns.script!r} is not a file",
+                      "check the path (relative to the working directory); `zerorun --help` lists the commands")
 
 
 def rank_command(ns: argparse.Namespace) -> list[str]:
@@ -164,6 +203,8 @@ def main(argv: list[str]) -> int:
     policy = RestartPolicy(ns.max_restarts, ns.restart_backoff)
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
+    if not ns.dry_run:
+        check_script(ns, local)
     plan, config = make_plan(ns, nodes, local)
     commands = commands_for(ns, plan, kind)
     if ns.dry_run:

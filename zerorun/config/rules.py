@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zerorun.config.noop import keys_without_effect
 from zerorun.config.problems import ConfigError, Problem, Severity
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
@@ -123,6 +124,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
     ((f"{ZERO}.stage", "fp16", "bf16"), master_weights_need_zero),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
+    ((), keys_without_effect),
 )
 
 

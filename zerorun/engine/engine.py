@@ -125,9 +125,13 @@ class Engine:
         if self.ctx.rank != 0 or not every or self.global_steps % every:
             return
         loss = float(self._last_loss) if self._last_loss is not None else None
+        # global_steps counts optimizer steps from 1 (DeepSpeed's numbering): the first step is "step 1"
         line = figures.format_progress(self.global_steps, loss, self.get_lr(), self.throughput.rates(),
                                        self.loss_scale, self.skipped_steps)
         print(f"[zerorun] {line}", flush=True)
+        if self.config.memory_breakdown:
+            print(f"[zerorun] step {self.global_steps} memory: {figures.format_memory(self.memory_breakdown())}",
+                  flush=True)
 
     # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
     def zero_grad(self) -> None:
