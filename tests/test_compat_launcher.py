@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from launcher_conftest import zerorun_argv
 
+from launcher import shim as shim_module
 from launcher.affinity import core_share, parse_core_list
 from launcher.args import parse_args
 from launcher.errors import LaunchError
 from launcher.filters import select
 from launcher.hostfile import Host
 from launcher.plan import build_plan, rank_argv
-from launcher.shim import main as shim_main
 
 PROBE = """\
 import json, os, sys
@@ -52,12 +52,17 @@ def test_local_rank_goes_before_the_script_arguments() -> None:
 
 def test_shim_inserts_local_rank_at_the_given_index(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict = {}
-    monkeypatch.setattr(os, "execvpe", lambda prog, args, env: seen.update(args=args))
+
+    def fake_shim(args: list[str], env: dict) -> None:  # records the command instead of starting it
+        seen.update(args=args)
+        raise OSError(2, "not started in this test")
+
+    monkeypatch.setattr(shim_module, "RankShim", fake_shim)
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
-    shim_main(["--pass_local_rank=3", "--", "py", "-u", "t.py", "--x", "1"])
+    assert shim_module.main(["--pass_local_rank=3", "--", "py", "-u", "t.py", "--x", "1"]) == 127
     assert seen["args"] == ["py", "-u", "t.py", "--local_rank=1", "--x", "1"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from zerorun.config.noop import keys_without_effect
 from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
@@ -124,6 +125,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
     ((f"{ZERO}.stage", "fp16", "bf16"), master_weights_need_zero),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
+    ((), keys_without_effect),
 )
 
 
