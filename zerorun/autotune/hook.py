@@ -89,12 +89,10 @@ def _leave(code: int) -> None:
     called without an active exception", SIGABRT), which would turn a finished trial
     into a crash.
     """
-    import torch.distributed as dist
+    from zerorun.engine.collectives import leave_group
 
     with contextlib.suppress(Exception):
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        leave_group()
     sys.exit(code)
 
 

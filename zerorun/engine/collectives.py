@@ -255,3 +255,10 @@ def script_broadcast_object_list(object_list: list[Any], src: int, group: Any) -
 
 def script_barrier(group: Any) -> ScriptWork:
     return dist.barrier(group=group)
+
+
+def leave_group() -> None:
+    """Every rank at a barrier, then the default group torn down (a clean end of a process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
