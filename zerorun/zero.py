@@ -3,7 +3,10 @@
 ``Init``: modules constructed inside the context have their own parameters sharded right
 after their constructor returns (the outermost ``__init__`` of each object), so the whole
 model never exists on one rank; each module's values are broadcast from rank 0 first, so
-they equal an unsharded build with the same seed. ``initialize`` (stage 3) turns these
+they equal an unsharded build with the same seed. Each module's parameters are moved to
+the engine's device (``ctx.device``) before they are packed, broadcast and sharded, so
+the shards (and every later gather) live there and ``model.to(device)`` afterwards
+changes nothing. ``initialize`` (stage 3) turns these
 shards into the engine's buckets unit by unit. With a config whose stage is not 3, or
 ``enabled=False``, the model is built normally (one script serves every stage).
 
@@ -54,6 +57,7 @@ class Init:
         self.config = config if config is not None else config_dict_or_path
         self.enabled = enabled
         self.coll: Any = None
+        self.device: torch.device | None = None
         self._patched: list[tuple[type, Any]] = []
         self._had_init_subclass = False
         if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
@@ -73,6 +77,7 @@ class Init:
             self.enabled = False
             return self
         self.coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+        self.device = ctx.device  # buckets are built and broadcast where the engine computes
         for cls in _subclasses(nn.Module):
             if "__init__" in cls.__dict__:
                 self._wrap(cls)
@@ -118,7 +123,7 @@ class Init:
                   if p is not None and bucket_of(p) is None]
         if not params:
             return
-        b = unit_bucket(params, self.coll, type(module).__name__)
+        b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
         b.provisional = True
         with torch.no_grad():
             self.coll.broadcast(b.data, src=0)
