@@ -58,6 +58,7 @@ class Init:
         self.enabled = enabled
         self.coll: Any = None
         self.device: torch.device | None = None
+        self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
         self._patched: list[tuple[type, Any]] = []
         self._had_init_subclass = False
         if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
@@ -107,10 +108,13 @@ class Init:
         def wrapped(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             depth = module.__dict__.get(_DEPTH, 0)
             module.__dict__[_DEPTH] = depth + 1
+            init._building.append([])
             try:
                 orig(module, *args, **kwargs)
             finally:
                 module.__dict__[_DEPTH] = depth
+                touched = init._building.pop()
+            init._reshard(touched)
             if depth == 0:
                 del module.__dict__[_DEPTH]
                 init._shard_module(module)
@@ -125,10 +129,28 @@ class Init:
             return
         b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
         b.provisional = True
+        b.toucher = self._touch
         with torch.no_grad():
             self.coll.broadcast(b.data, src=0)
         b.seal()
         b.release()
+
+    def _touch(self, bucket: PartitionedBucket) -> bool:
+        """A constructor uses a child's sharded parameter (``nn.MultiheadAttention`` initialises
+        ``out_proj.bias``): gather it until that constructor returns. Outside constructors: False."""
+        if not self._building:
+            return False
+        bucket.gather()
+        self._building[-1].append(bucket)
+        return True
+
+    def _reshard(self, touched: list[PartitionedBucket]) -> None:
+        """Rank 0's values of what a constructor touched (it may have written them) become every rank's shards."""
+        for b in {id(b): b for b in touched}.values():
+            if b.state is ParamState.GATHERED:
+                with torch.no_grad():
+                    b.scatter_from(0)
+                b.release()
 
 
 def _as_list(params: Any) -> list[torch.Tensor]:

@@ -67,6 +67,7 @@ class GatherPolicy:
 class GatherStats:
     fallbacks: int = 0  # passes that left the recorded order
     prefetched: int = 0  # buckets all-gathered ahead of use
+    touches: int = 0  # buckets gathered because a parameter was used without its unit listing it
     peak_live_numel: int = 0  # most non-persistent elements gathered or in flight at once
     history: list[int] = field(default_factory=list)
 
@@ -142,6 +143,7 @@ class GatherCoordinator:
                 self.active[bi] += 1
             if bi not in self.unit_buckets[u]:
                 self.unit_buckets[u].append(bi)  # recorded: the unit gathers and prefetches it from now on
+        self.stats.touches += 1
         self._gather(bi)
         return True
 

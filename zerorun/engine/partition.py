@@ -160,6 +160,7 @@ class PartitionedBucket(FlatBucket):
         self.local = None
         self.master = None
         self.params = []
+        self.state = ParamState.SHARDED  # terminal: holds nothing (not a lifecycle transition)
 
     def scatter_from(self, src: int) -> None:
         """After rank ``src`` edited the gathered parameters: broadcast, and every rank keeps its chunk."""
