@@ -24,7 +24,6 @@ a CUDA allocator.
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.dist_harness import run_distributed
-from tests.test_engine_stage3_cases import BLOCK, MICRO_BATCH, VOCAB, global_batch, make_model, rank_rows
+from tests.test_engine_stage3_cases import MICRO_BATCH, VOCAB, global_batch, make_model, rank_rows
 
 STEPS = 3
 LR = 5e-2
@@ -214,67 +213,58 @@ def _checkpoint_round_trip(engine, case: Case, rank: int, trained: list[torch.Te
     return same
 
 
-def setup_moves(rank: int, world: int) -> dict:
-    """Count every set-up move to the device: without and with zero.Init."""
+def setup_moves(init: bool) -> dict:
+    """Count every set-up move to the device while a GPT is built (under zero.Init or not) and initialized."""
     import zerorun
     from zerorun.engine.partition import PartitionedBucket
     from zerorun.engine.placement import watch_moves
 
     case = Case("gpt", 1, False)
-    out: dict = {}
-    for init in (False, True):
-        model_calls: list[str] = []
-        orig_to = nn.Module.to
+    model_calls: list[str] = []
+    made: list[PartitionedBucket] = []  # every bucket built (zero.Init's too; retired ones hold 0 bytes)
+    events: list[tuple[int, int]] = []  # (bytes the buckets hold just before the move, bytes moved)
+    model_ref: list[nn.Module | None] = [None]
+    orig_to, orig_init = nn.Module.to, PartitionedBucket.__init__
 
-        def counting_to(self, *args, **kwargs):  # noqa: ANN001, ANN202 - records whole-model device moves
-            to_device = "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args)
-            if self is model_ref[0] and to_device:  # a dtype cast of the sharded model moves nothing
-                model_calls.append(repr((args, kwargs)))
-            return orig_to(self, *args, **kwargs)
+    def counting_to(self, *args, **kwargs):  # noqa: ANN001, ANN202 - records whole-model device moves
+        to_device = "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args)
+        if self is model_ref[0] and to_device:  # a dtype cast of the sharded model moves nothing
+            model_calls.append(repr((args, kwargs)))
+        return orig_to(self, *args, **kwargs)
 
-        model_ref: list[nn.Module | None] = [None]
-        events: list[tuple[int, int]] = []  # (bytes the buckets hold just before the move, bytes moved)
+    def recording_init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        orig_init(self, *args, **kwargs)
+        made.append(self)
 
-        made: list[PartitionedBucket] = []  # every bucket built (zero.Init's too; retired ones hold 0 bytes)
-        orig_init = PartitionedBucket.__init__
+    def observe(tensors: list[torch.Tensor], device: torch.device) -> None:
+        events.append((sum(b.held_bytes() for b in made), sum(t.numel() * t.element_size() for t in tensors)))
 
-        def recording_init(self, *args, **kwargs):  # noqa: ANN001, ANN202
-            orig_init(self, *args, **kwargs)
-            made.append(self)
-
-        def observe(tensors: list[torch.Tensor], device: torch.device) -> None:
-            held = sum(b.held_bytes() for b in made)
-            events.append((held, sum(t.numel() * t.element_size() for t in tensors)))
-
-        PartitionedBucket.__init__ = recording_init  # type: ignore[method-assign]
-        nn.Module.to = counting_to  # type: ignore[method-assign]
-        try:
-            with watch_moves(observe):
-                if init:
-                    with zerorun.zero.Init(config=case.config()):
-                        model = make_model("gpt")
-                else:
+    nn.Module.to = counting_to  # type: ignore[method-assign]
+    PartitionedBucket.__init__ = recording_init  # type: ignore[method-assign]
+    try:
+        with watch_moves(observe):
+            if init:
+                with zerorun.zero.Init(config=case.config()):
                     model = make_model("gpt")
-                model_ref[0] = model
-                engine, *_ = zerorun.initialize(model=model, config=case.config())
-        finally:
-            nn.Module.to = orig_to  # type: ignore[method-assign]
-            PartitionedBucket.__init__ = orig_init  # type: ignore[method-assign]
-        buckets = engine.parts.buckets + engine.parts.frozen
-        out["init" if init else "plain"] = {
-            "events": events, "model_to_calls": model_calls,
-            "largest_unit": max(sum(p.numel() for p in m.parameters(recurse=False)) * 4
-                                for m in make_model("gpt").modules()),
+            else:
+                model = make_model("gpt")
+            model_ref[0] = model
+            engine, *_ = zerorun.initialize(model=model, config=case.config())
+    finally:
+        nn.Module.to = orig_to  # type: ignore[method-assign]
+        PartitionedBucket.__init__ = orig_init  # type: ignore[method-assign]
+    buckets = engine.parts.buckets + engine.parts.frozen
+    whole = make_model("gpt")
+    return {"events": events, "model_to_calls": model_calls,
+            "largest_unit": max(sum(p.numel() for p in m.parameters(recurse=False)) * 4 for m in whole.modules()),
             "shards": sum(b.local.numel() * b.local.element_size() for b in buckets),
-            "param_bytes": sum(p.numel() * 4 for p in make_model("gpt").parameters()),
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers()),
-        }
-    return out
+            "param_bytes": sum(p.numel() * 4 for p in whole.parameters()),
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in model.buffers())}
 
 
 def _run_all(rank: int, world: int) -> dict:
     out = {c.name: train(c, rank, world) for c in CASES}
-    out["moves"] = setup_moves(rank, world)
+    out["moves"] = {"plain": setup_moves(False), "init": setup_moves(True)}
     return out
 
 

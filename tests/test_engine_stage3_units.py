@@ -114,10 +114,9 @@ def test_zero_init_builds_on_the_engine_device_and_model_to_keeps_binding() -> N
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
     device = init_distributed().device
     moves: list[tuple[int, torch.device]] = []
-    with watch_moves(lambda ts, dev: moves.append((sum(t.numel() for t in ts), dev))):
-        with zerorun.zero.Init(config=cfg):
-            torch.manual_seed(3)
-            model = nn.Sequential(nn.Linear(4, 6), nn.MultiheadAttention(6, 2))  # its constructor writes out_proj
+    with watch_moves(lambda ts, dev: moves.append((sum(t.numel() for t in ts), dev))), zerorun.zero.Init(config=cfg):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 6), nn.MultiheadAttention(6, 2))  # its constructor writes out_proj
     torch.manual_seed(3)
     ref = nn.Sequential(nn.Linear(4, 6), nn.MultiheadAttention(6, 2))
     n_lin, n_attn = 4 * 6 + 6, sum(p.numel() for p in ref[1].parameters(recurse=False))

@@ -46,7 +46,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import PartitionedBucket
+from zerorun.engine.partition import PartitionedBucket, refresh_together
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,6 @@ class GatherCoordinator:
         """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
         for bi in sorted(self.live):
             self._release_now(bi)
-        for b in self.buckets:
-            if b.persistent and not b.frozen:
-                b.refresh()
+        stale = [b for b in self.buckets if b.persistent and not b.frozen and b.state is ParamState.GATHERED]
+        if stale:
+            refresh_together(stale, stale[0].coll)

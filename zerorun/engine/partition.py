@@ -146,14 +146,6 @@ class PartitionedBucket(FlatBucket):
             assert self.local is not None
             self.local.copy_(shard)
 
-    def refresh(self) -> None:
-        """A gathered bucket whose shard changed (optimizer step): all-gather again in place."""
-        if self.state is ParamState.GATHERED:
-            assert self.local is not None
-            self.shard(self.data).copy_(self.local)
-            self.coll.all_gather(self.data)
-            self.bind()  # the module may have been moved (model.to) since: the parameters view the buffer again
-
     def retire(self) -> None:
         """A ``zero.Init`` bucket whose parameters moved into the engine's buckets: drop its storage."""
         self.data = self._placeholder
@@ -181,3 +173,28 @@ class PartitionedBucket(FlatBucket):
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
         full = self.live_numel * self._placeholder.element_size()
         return local + full
+
+
+def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:
+    """Re-gather several gathered buckets from their (just stepped) shards in one all-gather per dtype.
+
+    Small units (norms, biases, the persistent ones) each cost a whole collective's latency
+    when refreshed one by one. Here rank r's chunk of one flat buffer is the concatenation
+    of every bucket's chunk r, so a single all-gather moves exactly the same elements; then
+    each bucket's chunks are copied back into its own buffer.
+    """
+    by_dtype: dict[torch.dtype, list[PartitionedBucket]] = {}
+    for b in buckets:
+        assert b.state is ParamState.GATHERED and b.local is not None
+        by_dtype.setdefault(b.data.dtype, []).append(b)
+    for group in by_dtype.values():
+        world, total = coll.world_size, sum(b.shard_numel for b in group)
+        flat = torch.empty(world * total, dtype=group[0].data.dtype, device=group[0].data.device)
+        torch.cat([b.local for b in group], out=flat.narrow(0, coll.rank * total, total))  # type: ignore[misc]
+        coll.all_gather(flat)
+        rows, offset = flat.view(world, total), 0
+        for b in group:
+            b.data.view(world, b.shard_numel).copy_(rows.narrow(1, offset, b.shard_numel))
+            offset += b.shard_numel
+            b.bind()  # the module may have been moved (model.to) since: the parameters view the buffer again
+
