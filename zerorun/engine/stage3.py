@@ -9,7 +9,7 @@ from rank 0 -> keep this rank's chunk (``local``) and its fp32 master -> cast to
 compute dtype -> release the full buffer (unless the bucket is under
 ``stage3_param_persistence_threshold`` elements: then it stays gathered). Then the
 optimizer is pointed at the masters, gradients are reduce-scattered per bucket by the
-stage-2 strategy (:class:`PartitionedGradSync`), and the gather coordinator's hooks are
+stage-2 strategy (:class:`~zerorun.engine.stage3_grads.Stage3GradSync`, small units coalesced), and the gather coordinator's hooks are
 attached.
 
 Units: every module whose own parameters are non-empty (for an MLP block, each
@@ -31,7 +31,7 @@ from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts, optimizer_groups
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
-from zerorun.engine.grad_sync import PartitionedGradSync, ReducePolicy
+from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.param_state import ParamState
@@ -39,6 +39,7 @@ from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
 from zerorun.engine.placement import to_device
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import MasterShards
+from zerorun.engine.stage3_grads import COALESCE_LIMIT, Stage3GradSync
 
 
 class PartitionedMasters(MasterShards):
@@ -71,23 +72,6 @@ class PartitionedMasters(MasterShards):
         if self.param_offload is not None:
             self.param_offload.flush()  # nvme: the new shards are on disk before anything reads them
         self.coordinator.after_step()
-
-
-class Stage3GradSync(PartitionedGradSync):
-    """Stage 2's per-bucket reduce-scatter; a bucket whose gradients are all in is released."""
-
-    def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
-                 coordinator: GatherCoordinator) -> None:
-        super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
-        self.coordinator = coordinator
-
-    def _launch(self, bucket_index: int) -> None:
-        super()._launch(bucket_index)
-        self.coordinator.post_backward_bucket(bucket_index)
-
-    def finish_backward(self) -> None:
-        super().finish_backward()
-        self.coordinator.end_pass()
 
 
 @dataclass
@@ -200,7 +184,8 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
         inner.param_offload = ParamOffload(param_offload, buckets)
     masters = wrap_masters(inner, offload, optimizer)
     masters.bind_optimizer(optimizer, group_of_bucket)
-    grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator)
+    coalesce = min(int(zero_cfg.reduce_bucket_size), COALESCE_LIMIT)  # units under this share reduce-scatters
+    grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator, coalesce)
     hooks: list[Any] = []
     for bi, b in enumerate(buckets):
         for si, p in enumerate(b.params):
