@@ -28,8 +28,11 @@ that bucket too). Events, all on the calling thread:
   keeps for backward and releases it like its own. A touch in backward outside any
   unit's forward is gathered until its gradients are in (or the pass ends).
 
-Frozen buckets (parameters the optimizer does not step) get no gradients, so nothing
-tells when backward is done with them: they are released at the end of the pass.
+Frozen buckets (parameters the optimizer does not step) get no gradients, so no
+gradient hook says when backward is done with them: a unit's frozen bucket is released
+once the gradients of that unit's inputs are computed (its backward is over) and no
+other unit whose backward has begun may still read it; a unit whose inputs need no
+gradient keeps it until the end of the pass.
 
 A pass whose events leave the recorded order (data-dependent control flow) stops
 prefetching and gathers on demand for the rest of that pass: prefetching is only an
@@ -90,6 +93,7 @@ class GatherCoordinator:
         self.unit_buckets = [list(unit.buckets) for unit in units]  # grows with touched buckets
         self.stack: list[tuple[int, list[int]]] = []  # units in forward, with the buckets each holds active
         self.index_of = {id(b): i for i, b in enumerate(buckets)}
+        self.frozen_open = [0] * len(buckets)  # unit backwards under way that may read each frozen bucket
         for b in buckets:
             b.toucher = self.touch
         self.live: set[int] = {i for i, b in enumerate(buckets)
@@ -102,7 +106,7 @@ class GatherCoordinator:
             self.handles.append(module.register_forward_pre_hook(
                 lambda _m, _a, u=unit.index: self.pre_forward(u)))
             self.handles.append(module.register_forward_hook(
-                lambda _m, _a, out, u=unit.index: self.post_forward(u, out)))
+                lambda _m, args, out, u=unit.index: self.post_forward(u, out, args)))
         self.handles.append(root.register_forward_pre_hook(lambda _m, _a: self.begin_forward(), prepend=True))
 
     def begin_forward(self) -> None:
@@ -119,14 +123,14 @@ class GatherCoordinator:
         self.stack.append((u, held))
         self.pre_unit(u)
 
-    def post_forward(self, u: int, output: object) -> object:
+    def post_forward(self, u: int, output: object, inputs: object = ()) -> object:
         held = self.stack.pop()[1] if self.stack and self.stack[-1][0] == u else []
         for bi in held:
             self.active[bi] -= 1
         if _in_backward():  # activation checkpointing recomputes inside backward: keep for the backward
             return output
         if torch.is_grad_enabled():
-            self._hook_outputs(u, output)
+            self._hook_outputs(u, output, inputs)
         for bi in held:
             self._maybe_release(bi)
         return output
@@ -147,17 +151,32 @@ class GatherCoordinator:
         self._gather(bi)
         return True
 
-    def _hook_outputs(self, u: int, output: object) -> None:
+    def _hook_outputs(self, u: int, output: object, inputs: object) -> None:
+        """Gather the unit when its outputs' gradient arrives; a unit holding frozen buckets also
+        learns when its backward is over: the gradients of its inputs have been computed."""
         fired = [False]
+        frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen]
+        grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
 
         def pre_backward(grad: torch.Tensor) -> None:
             if not fired[0]:
                 fired[0] = True
+                for bi in frozen:  # without grad inputs this never closes: kept until the pass ends
+                    self.frozen_open[bi] += 1
                 self.pre_unit(u)
+
+        def backward_done(_grads: object) -> None:
+            if fired[0]:
+                for bi in frozen:
+                    self.frozen_open[bi] -= 1
+                    if self.frozen_open[bi] == 0 and self.active[bi] == 0:
+                        self._release_now(bi)
 
         for t in tree_flatten(output)[0]:
             if torch.is_tensor(t) and t.requires_grad:
                 t.register_hook(pre_backward)
+        if frozen and grad_inputs:
+            torch.autograd.graph.register_multi_grad_hook(grad_inputs, backward_done)
 
     # ---- gathering ----------------------------------------------------------------------------
     def pre_unit(self, u: int) -> None:
@@ -276,6 +295,7 @@ class GatherCoordinator:
         self.pos = 0
         self.on_order = self.trace is not None
         self.active = [0] * len(self.buckets)
+        self.frozen_open = [0] * len(self.buckets)
 
     def after_step(self) -> None:
         """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
