@@ -35,7 +35,9 @@ class Stage3GradSync(PartitionedGradSync):
         super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
         self.coordinator = coordinator
         self.coalesce_numel = coalesce_numel
-        self.cap = max(1, coalesce_numel // coll.world_size)  # columns of the [world, cap] group buffer
+        small = sum(b.plan.padded_numel for b in buckets if b.plan.padded_numel < coalesce_numel)
+        # columns of the [world, cap] group buffer: never more than all the small buckets together
+        self.cap = max(1, min(coalesce_numel, small) // coll.world_size)
         self.group: torch.Tensor | None = None
         self.members: list[tuple[int, int, int]] = []  # (bucket index, column offset, shard numel)
         self.used = 0
@@ -76,9 +78,8 @@ class Stage3GradSync(PartitionedGradSync):
             return
         assert self.group is not None
         world, total = self.coll.world_size, self.used
-        flat = self.group.narrow(1, 0, total).contiguous().view(-1)  # a copy unless full: owned by this launch
-        if flat.data_ptr() == self.group.data_ptr():
-            self.group = None  # full: the launch owns the buffer, the next group gets a new one
+        flat = self.group.narrow(1, 0, total).contiguous().view(-1)  # a copy unless full
+        self.group = None  # the launch owns the buffer; the next group gets a new one (none held at rest)
         members = self.members
         self.members, self.used = [], 0
         rank = self.coll.rank
@@ -95,6 +96,12 @@ class Stage3GradSync(PartitionedGradSync):
 
         assert flat.numel() == world * total
         self._reduce(flat, True, done)
+
+    def held_bytes(self) -> tuple[int, int]:
+        """Stage 2's figures, plus the group buffer while a group is being filled (none at rest)."""
+        grads, buffers = super().held_bytes()
+        group = 0 if self.group is None else self.group.numel() * self.group.element_size()
+        return grads, buffers + group
 
     def finish_backward(self) -> None:
         for i in range(len(self.buckets)):  # parameters unused in forward: their zero gradients
