@@ -1,4 +1,4 @@
-"""A tiny GPT (tied input/output embeddings, LayerNorm, causal attention) trained with zerorun.
+"""A tiny GPT (tied input/output embeddings, LayerNorm, causal nn.MultiheadAttention) trained with zerorun.
 
     zerorun --num_gpus 2 examples/train_gpt.py --config templates/zero2.yaml
     torchrun --standalone --nproc_per_node 2 examples/train_gpt.py --config templates/zero2.yaml
@@ -56,20 +56,20 @@ class CharWindows(Dataset):
 
 
 class Block(nn.Module):
+    """Pre-norm transformer block; attention is ``nn.MultiheadAttention``, whose forward reads
+    its ``out_proj`` child's weight directly (ZeRO stage 3 gathers it on that touch)."""
+
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
-        self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        t = x.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)  # True: may not attend
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=causal, need_weights=False)[0]
         return x + self.mlp(self.ln2(x))
 
 

@@ -2,7 +2,8 @@
 
 Models: the toy MLP of the stage 0-2 tests (odd shapes, a LayerNorm, a root parameter
 unused in forward), the tiny GPT of ``examples/train_gpt.py`` (tied input/output
-embeddings: one parameter used by two units), the same GPT with activation
+embeddings: one parameter used by two units; ``nn.MultiheadAttention``, whose forward
+reads ``out_proj.weight`` without calling ``out_proj``), the same GPT with activation
 checkpointing on its blocks, and an MLP whose middle unit is skipped on some steps
 (data-dependent control flow; the branch is the same on every rank, as collectives
 require).

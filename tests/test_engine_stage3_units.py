@@ -99,3 +99,33 @@ def test_init_and_world_of_one_training_match_plain_torch() -> None:
             torch.testing.assert_close(a.detach(), b.detach())
     stats = engine.comm_stats()
     assert stats["all_gather"]["calls"] > 0 and stats["reduce_scatter"]["calls"] > 0
+
+
+def test_zero_init_builds_on_the_engine_device_and_model_to_keeps_binding() -> None:
+    """Every module's parameters go to ``ctx.device`` through the one counted move before they are
+    packed; the buckets live there, and after ``model.to(device)`` a gather still binds the
+    parameters as views of the bucket. No GPU here, so ``ctx.device`` is the CPU: what is checked is
+    that each move is asked for with the engine's device and that the buckets are built from it."""
+    import zerorun
+    from zerorun.engine.bootstrap import init_distributed
+    from zerorun.engine.placement import watch_moves
+
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    device = init_distributed().device
+    moves: list[tuple[int, torch.device]] = []
+    with watch_moves(lambda ts, dev: moves.append((sum(t.numel() for t in ts), dev))), zerorun.zero.Init(config=cfg):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 6), nn.MultiheadAttention(6, 2))  # its constructor writes out_proj
+    torch.manual_seed(3)
+    ref = nn.Sequential(nn.Linear(4, 6), nn.MultiheadAttention(6, 2))
+    n_lin, n_attn = 4 * 6 + 6, sum(p.numel() for p in ref[1].parameters(recurse=False))
+    assert moves == [(n_lin, device), (6 * 6 + 6, device), (n_attn, device)], moves  # one move per module
+    buckets = {id(b): b for p in model.parameters() if (b := bucket_of(p)) is not None}.values()
+    assert all(b.local.device == device and b.data.device == device for b in buckets)
+    model.to(device)
+    with zerorun.zero.GatheredParameters(list(model.parameters())):
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            same_storage = p.untyped_storage().data_ptr() == bucket_of(p).data.untyped_storage().data_ptr()
+            assert same_storage and p.device == device  # a view of its bucket
+            assert torch.equal(p, q)  # out_proj.bias = 0 written by MultiheadAttention's constructor

@@ -3,7 +3,10 @@
 ``Init``: modules constructed inside the context have their own parameters sharded right
 after their constructor returns (the outermost ``__init__`` of each object), so the whole
 model never exists on one rank; each module's values are broadcast from rank 0 first, so
-they equal an unsharded build with the same seed. ``initialize`` (stage 3) turns these
+they equal an unsharded build with the same seed. Each module's parameters are moved to
+the engine's device (``ctx.device``) before they are packed, broadcast and sharded, so
+the shards (and every later gather) live there and ``model.to(device)`` afterwards
+changes nothing. ``initialize`` (stage 3) turns these
 shards into the engine's buckets unit by unit. With a config whose stage is not 3, or
 ``enabled=False``, the model is built normally (one script serves every stage).
 
@@ -54,6 +57,8 @@ class Init:
         self.config = config if config is not None else config_dict_or_path
         self.enabled = enabled
         self.coll: Any = None
+        self.device: torch.device | None = None
+        self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
         self._patched: list[tuple[type, Any]] = []
         self._had_init_subclass = False
         if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
@@ -73,6 +78,7 @@ class Init:
             self.enabled = False
             return self
         self.coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+        self.device = ctx.device  # buckets are built and broadcast where the engine computes
         for cls in _subclasses(nn.Module):
             if "__init__" in cls.__dict__:
                 self._wrap(cls)
@@ -102,10 +108,13 @@ class Init:
         def wrapped(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             depth = module.__dict__.get(_DEPTH, 0)
             module.__dict__[_DEPTH] = depth + 1
+            init._building.append([])
             try:
                 orig(module, *args, **kwargs)
             finally:
                 module.__dict__[_DEPTH] = depth
+                touched = init._building.pop()
+            init._reshard(touched)
             if depth == 0:
                 del module.__dict__[_DEPTH]
                 init._shard_module(module)
@@ -118,12 +127,30 @@ class Init:
                   if p is not None and bucket_of(p) is None]
         if not params:
             return
-        b = unit_bucket(params, self.coll, type(module).__name__)
+        b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
         b.provisional = True
+        b.toucher = self._touch
         with torch.no_grad():
             self.coll.broadcast(b.data, src=0)
         b.seal()
         b.release()
+
+    def _touch(self, bucket: PartitionedBucket) -> bool:
+        """A constructor uses a child's sharded parameter (``nn.MultiheadAttention`` initialises
+        ``out_proj.bias``): gather it until that constructor returns. Outside constructors: False."""
+        if not self._building:
+            return False
+        bucket.gather()
+        self._building[-1].append(bucket)
+        return True
+
+    def _reshard(self, touched: list[PartitionedBucket]) -> None:
+        """Rank 0's values of what a constructor touched (it may have written them) become every rank's shards."""
+        for b in {id(b): b for b in touched}.values():
+            if b.state is ParamState.GATHERED:
+                with torch.no_grad():
+                    b.scatter_from(0)
+                b.release()
 
 
 def _as_list(params: Any) -> list[torch.Tensor]:

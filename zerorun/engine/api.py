@@ -171,7 +171,8 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
-    model.to(ctx.device)
+    if not stage.shard_parameters:  # stage 3 shards first and moves unit by unit (stage3.plan_stage3)
+        model.to(ctx.device)
     opt = _make_optimizer(cfg, optimizer, model, model_parameters)
     coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
     zero = cfg.zero_optimization

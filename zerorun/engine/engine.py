@@ -202,7 +202,8 @@ class Engine(DeepSpeedSurface):
         """Bytes of model state this rank holds; see :mod:`zerorun.engine.figures` for each key."""
         parts = self.parts
         grads, buffers = parts.grad_sync.held_bytes()
-        params = sum(b.held_bytes() for b in parts.buckets)
+        # stage 3 also shards the parameters the optimizer does not step (frozen buckets)
+        params = sum(b.held_bytes() for b in [*parts.buckets, *getattr(parts, "frozen", ())])
         return figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
                                         optimizer_state_bytes(self.optimizer), buffers)
 

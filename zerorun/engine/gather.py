@@ -20,6 +20,20 @@ that bucket too). Events, all on the calling thread:
 * ``end_pass`` (after backward) - everything in flight is waited for and every
   non-persistent bucket released; the first training pass becomes the recorded order.
 
+* ``touch`` - a sharded parameter was used inside forward or backward without its unit
+  listing it (``nn.MultiheadAttention`` reads ``out_proj.weight`` without calling
+  ``out_proj``; a tied head calls ``F.linear(x, self.emb.weight)``): its bucket is
+  gathered on the spot and filed under the innermost unit running forward (the root
+  module is always a unit, so there is one), which from then on gathers, prefetches,
+  keeps for backward and releases it like its own. A touch in backward outside any
+  unit's forward is gathered until its gradients are in (or the pass ends).
+
+Frozen buckets (parameters the optimizer does not step) get no gradients, so no
+gradient hook says when backward is done with them: a unit's frozen bucket is released
+once the gradients of that unit's inputs are computed (its backward is over) and no
+other unit whose backward has begun may still read it; a unit whose inputs need no
+gradient keeps it until the end of the pass.
+
 A pass whose events leave the recorded order (data-dependent control flow) stops
 prefetching and gathers on demand for the rest of that pass: prefetching is only an
 optimisation, every unit still gathers what it needs. All ranks must run the same units
@@ -35,7 +49,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import PartitionedBucket
+from zerorun.engine.partition import PartitionedBucket, refresh_together
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class GatherPolicy:
 class GatherStats:
     fallbacks: int = 0  # passes that left the recorded order
     prefetched: int = 0  # buckets all-gathered ahead of use
+    touches: int = 0  # buckets gathered because a parameter was used without its unit listing it
     peak_live_numel: int = 0  # most non-persistent elements gathered or in flight at once
     history: list[int] = field(default_factory=list)
 
@@ -75,6 +90,12 @@ class GatherCoordinator:
         self.pos = 0
         self.on_order = False
         self.active = [0] * len(buckets)  # enclosing forwards using each bucket right now
+        self.unit_buckets = [list(unit.buckets) for unit in units]  # grows with touched buckets
+        self.stack: list[tuple[int, list[int]]] = []  # units in forward, with the buckets each holds active
+        self.index_of = {id(b): i for i, b in enumerate(buckets)}
+        self.frozen_open = [0] * len(buckets)  # unit backwards under way that may read each frozen bucket
+        for b in buckets:
+            b.toucher = self.touch
         self.live: set[int] = {i for i, b in enumerate(buckets)
                                if not b.persistent and b.state is not ParamState.SHARDED}
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -85,45 +106,82 @@ class GatherCoordinator:
             self.handles.append(module.register_forward_pre_hook(
                 lambda _m, _a, u=unit.index: self.pre_forward(u)))
             self.handles.append(module.register_forward_hook(
-                lambda _m, _a, out, u=unit.index: self.post_forward(u, out)))
+                lambda _m, args, out, u=unit.index: self.post_forward(u, out, args)))
         self.handles.append(root.register_forward_pre_hook(lambda _m, _a: self.begin_forward(), prepend=True))
 
     def begin_forward(self) -> None:
-        if self.current and not _in_backward():  # a forward without backward (eval) ended
+        if _in_backward():
+            return
+        self.stack.clear()  # a forward that raised left its units on the stack
+        if self.current:  # a forward without backward (eval) ended
             self.end_pass(record=False)
 
     def pre_forward(self, u: int) -> None:
-        for bi in self.units[u].buckets:
+        held = list(self.unit_buckets[u])
+        for bi in held:
             self.active[bi] += 1
+        self.stack.append((u, held))
         self.pre_unit(u)
 
-    def post_forward(self, u: int, output: object) -> object:
-        for bi in self.units[u].buckets:
+    def post_forward(self, u: int, output: object, inputs: object = ()) -> object:
+        held = self.stack.pop()[1] if self.stack and self.stack[-1][0] == u else []
+        for bi in held:
             self.active[bi] -= 1
         if _in_backward():  # activation checkpointing recomputes inside backward: keep for the backward
             return output
         if torch.is_grad_enabled():
-            self._hook_outputs(u, output)
-        for bi in self.units[u].buckets:
+            self._hook_outputs(u, output, inputs)
+        for bi in held:
             self._maybe_release(bi)
         return output
 
-    def _hook_outputs(self, u: int, output: object) -> None:
+    def touch(self, bucket: PartitionedBucket) -> bool:
+        """A guarded parameter of ``bucket`` is used: gather it if inside forward/backward (else False)."""
+        if not self.stack and not _in_backward():
+            return False  # outside forward/backward: the caller raises ShardedParameterError
+        bi = self.index_of[id(bucket)]
+        if self.stack:
+            u, held = self.stack[-1]
+            if bi not in held:
+                held.append(bi)
+                self.active[bi] += 1
+            if bi not in self.unit_buckets[u]:
+                self.unit_buckets[u].append(bi)  # recorded: the unit gathers and prefetches it from now on
+        self.stats.touches += 1
+        self._gather(bi)
+        return True
+
+    def _hook_outputs(self, u: int, output: object, inputs: object) -> None:
+        """Gather the unit when its outputs' gradient arrives; a unit holding frozen buckets also
+        learns when its backward is over: the gradients of its inputs have been computed."""
         fired = [False]
+        frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen]
+        grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
 
         def pre_backward(grad: torch.Tensor) -> None:
             if not fired[0]:
                 fired[0] = True
+                for bi in frozen:  # without grad inputs this never closes: kept until the pass ends
+                    self.frozen_open[bi] += 1
                 self.pre_unit(u)
+
+        def backward_done(_grads: object) -> None:
+            if fired[0]:
+                for bi in frozen:
+                    self.frozen_open[bi] -= 1
+                    if self.frozen_open[bi] == 0 and self.active[bi] == 0:
+                        self._release_now(bi)
 
         for t in tree_flatten(output)[0]:
             if torch.is_tensor(t) and t.requires_grad:
                 t.register_hook(pre_backward)
+        if frozen and grad_inputs:
+            torch.autograd.graph.register_multi_grad_hook(grad_inputs, backward_done)
 
     # ---- gathering ----------------------------------------------------------------------------
     def pre_unit(self, u: int) -> None:
         self._advance(u)
-        for bi in self.units[u].buckets:
+        for bi in self.unit_buckets[u]:
             self._gather(bi)
         if self.on_order and self.policy.prefetch_numel > 0:
             self._prefetch()
@@ -173,7 +231,7 @@ class GatherCoordinator:
         inflight, live = self._inflight_numel(), self.live_numel()
         picked: list[int] = []
         for u in self.trace[self.pos:]:
-            for bi in self.units[u].buckets:
+            for bi in self.unit_buckets[u]:
                 b = self.buckets[bi]
                 if b.state is not ParamState.SHARDED or bi in picked:
                     continue
@@ -202,7 +260,7 @@ class GatherCoordinator:
         between = 0
         seen: set[int] = set()
         for u in self.trace[self.pos:]:
-            buckets = self.units[u].buckets
+            buckets = self.unit_buckets[u]
             if bi in buckets:
                 return between < self.policy.max_reuse
             for other in buckets:
@@ -233,14 +291,16 @@ class GatherCoordinator:
         if record and self.trace is None and self.current:
             self.trace = list(self.current)
         self.current = []
+        self.stack.clear()
         self.pos = 0
         self.on_order = self.trace is not None
         self.active = [0] * len(self.buckets)
+        self.frozen_open = [0] * len(self.buckets)
 
     def after_step(self) -> None:
         """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
         for bi in sorted(self.live):
             self._release_now(bi)
-        for b in self.buckets:
-            if b.persistent:
-                b.refresh()
+        stale = [b for b in self.buckets if b.persistent and not b.frozen and b.state is ParamState.GATHERED]
+        if stale:
+            refresh_together(stale, stale[0].coll)

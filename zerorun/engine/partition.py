@@ -11,11 +11,16 @@ With parameter offload (``offload``, :mod:`zerorun.engine.offload.params`) ``loc
 in host memory or a swap file and is fetched to the compute device for each gather.
 
 Each partitioned parameter carries ``param.zr_bucket`` (its bucket), which is how
-``zero.GatheredParameters`` and the engine find it.
+``zero.GatheredParameters`` and the engine find it; it is a guarded
+:class:`~zerorun.engine.sharded_param.ZeroParameter` exactly while the bucket is not
+gathered. ``toucher`` (set by the gather coordinator) is asked to gather the bucket when
+a guarded parameter is used; ``frozen`` buckets hold parameters the optimizer does not
+step (no master, no gradient reduction).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +29,8 @@ from torch import nn
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives, Pending
 from zerorun.engine.param_state import ParamState, check_transition
-from zerorun.engine.sharded_param import mark_partitioned
+from zerorun.engine.placement import to_device
+from zerorun.engine.sharded_param import guard, unguard
 
 BUCKET_ATTR = "zr_bucket"
 
@@ -33,9 +39,18 @@ def bucket_of(param: torch.Tensor) -> PartitionedBucket | None:
     return getattr(param, BUCKET_ATTR, None)
 
 
-def unit_bucket(params: list[nn.Parameter], coll: Collectives, name: str, group_index: int = 0
-                ) -> PartitionedBucket:
-    """One bucket for all of ``params`` (a module unit is never split), laid out by :func:`plan_buckets`."""
+def unit_bucket(params: list[nn.Parameter], coll: Collectives, name: str, group_index: int = 0,
+                device: torch.device | None = None) -> PartitionedBucket:
+    """One bucket for all of ``params`` (a module unit is never split), laid out by :func:`plan_buckets`.
+
+    With ``device``, the unit's parameters are moved there first (one counted move per
+    unit, :func:`~zerorun.engine.placement.to_device`), so the bucket is built on the
+    engine's device and only this unit is ever whole there.
+    """
+    if device is not None:
+        moved = to_device([p.data for p in params], device)
+        for p, t in zip(params, moved, strict=True):
+            p.data = t
     shapes = [p.shape for p in params]
     plans = plan_buckets(shapes, max(1, sum(s.numel() for s in shapes)), coll.world_size, group_index)
     assert len(plans) == 1
@@ -51,6 +66,8 @@ class PartitionedBucket(FlatBucket):
         self.state = ParamState.GATHERED
         self.persistent = False
         self.provisional = False  # made by zero.Init; replaced by the engine's buckets at initialize
+        self.frozen = False  # parameters the optimizer does not step: no master, no gradient reduction
+        self.toucher: Callable[[PartitionedBucket], bool] | None = None
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
@@ -58,7 +75,6 @@ class PartitionedBucket(FlatBucket):
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         for p in params:
             setattr(p, BUCKET_ATTR, self)
-            mark_partitioned(p)
 
     # ---- set-up -------------------------------------------------------------------------------
     def seal(self) -> None:
@@ -73,6 +89,12 @@ class PartitionedBucket(FlatBucket):
             super().cast_(dtype)
         else:
             self.data = self._placeholder
+
+    def bind(self) -> None:
+        """Gathered: the parameters become plain views of the buffer (no guard on their ops)."""
+        for p in self.params:
+            unguard(p)
+        super().bind()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def _move(self, new: ParamState) -> None:
@@ -108,6 +130,7 @@ class PartitionedBucket(FlatBucket):
         self._move(ParamState.SHARDED)
         for p in self.params:
             p.data = self._placeholder
+            guard(p)
         self.data = self._placeholder  # dtype and device stay readable; no elements
 
     def read_ahead(self) -> None:
@@ -123,19 +146,13 @@ class PartitionedBucket(FlatBucket):
             assert self.local is not None
             self.local.copy_(shard)
 
-    def refresh(self) -> None:
-        """A gathered bucket whose shard changed (optimizer step): all-gather again in place."""
-        if self.state is ParamState.GATHERED:
-            assert self.local is not None
-            self.shard(self.data).copy_(self.local)
-            self.coll.all_gather(self.data)
-
     def retire(self) -> None:
         """A ``zero.Init`` bucket whose parameters moved into the engine's buckets: drop its storage."""
         self.data = self._placeholder
         self.local = None
         self.master = None
         self.params = []
+        self.state = ParamState.SHARDED  # terminal: holds nothing (not a lifecycle transition)
 
     def scatter_from(self, src: int) -> None:
         """After rank ``src`` edited the gathered parameters: broadcast, and every rank keeps its chunk."""
@@ -156,3 +173,28 @@ class PartitionedBucket(FlatBucket):
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
         full = self.live_numel * self._placeholder.element_size()
         return local + full
+
+
+def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:
+    """Re-gather several gathered buckets from their (just stepped) shards in one all-gather per dtype.
+
+    Small units (norms, biases, the persistent ones) each cost a whole collective's latency
+    when refreshed one by one. Here rank r's chunk of one flat buffer is the concatenation
+    of every bucket's chunk r, so a single all-gather moves exactly the same elements; then
+    each bucket's chunks are copied back into its own buffer.
+    """
+    by_dtype: dict[torch.dtype, list[PartitionedBucket]] = {}
+    for b in buckets:
+        assert b.state is ParamState.GATHERED and b.local is not None
+        by_dtype.setdefault(b.data.dtype, []).append(b)
+    for group in by_dtype.values():
+        world, total = coll.world_size, sum(b.shard_numel for b in group)
+        flat = torch.empty(world * total, dtype=group[0].data.dtype, device=group[0].data.device)
+        torch.cat([b.local for b in group], out=flat.narrow(0, coll.rank * total, total))  # type: ignore[misc]
+        coll.all_gather(flat)
+        rows, offset = flat.view(world, total), 0
+        for b in group:
+            b.data.view(world, b.shard_numel).copy_(rows.narrow(1, offset, b.shard_numel))
+            offset += b.shard_numel
+            b.bind()  # the module may have been moved (model.to) since: the parameters view the buffer again
+

@@ -1,12 +1,20 @@
-"""Using a stage-3 parameter while it is sharded fails with an error that names the fix.
+"""A stage-3 parameter is gathered when touched inside forward/backward, and guarded outside them.
 
-A partitioned parameter's class becomes :class:`ZeroParameter` (still an
-``nn.Parameter``). Its ``__torch_function__`` lets metadata and plumbing through
-(``.data``/``.grad``/``.shape`` and other attributes, ``detach``, ``to``, hooks, pickling)
-and, for anything that reads values (``w.sum()``, ``w[0]``, ``print(w)``, ``F.linear``),
-checks the parameter's bucket: gathered - the call runs unchanged; sharded or in flight -
-:class:`ShardedParameterError` pointing at ``zero.GatheredParameters``. Inside forward
-and backward the engine's hooks have gathered the unit, so model code never sees it.
+While its bucket is sharded (or its all-gather is in flight) a partitioned parameter's
+class is :class:`ZeroParameter` (still an ``nn.Parameter``). Its ``__torch_function__``
+lets metadata and plumbing through (``.data``/``.grad``/``.shape`` and other attributes,
+``detach``, ``to``, hooks, pickling); anything that reads values (``w.sum()``, ``w[0]``,
+``print(w)``, ``F.linear``) asks the bucket's *toucher* (the stage-3 gather coordinator)
+to gather it. Inside forward or backward the coordinator gathers the bucket, files it
+under the unit that is running (so from the next step on it is gathered and prefetched
+with that unit) and the call runs: a module that reads another module's weight
+(``nn.MultiheadAttention``'s ``out_proj.weight``, ``F.linear(x, self.emb.weight)``)
+needs no change. Outside them it is :class:`ShardedParameterError`, pointing at
+``zero.GatheredParameters``.
+
+While its bucket is gathered the parameter is a plain ``nn.Parameter`` again
+(:func:`unguard`), so the ops of forward and backward pay no Python dispatch at all: the
+guard costs something only when it has something to do.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ _PLUMBING = frozenset({
 
 
 class ShardedParameterError(EngineError):
-    """A stage-3 parameter's values were read or written while only this rank's shard exists."""
+    """A stage-3 parameter's values were read or written outside forward/backward while only this rank's shard exists."""
 
 
 class ZeroParameter(nn.Parameter):
@@ -40,14 +48,17 @@ class ZeroParameter(nn.Parameter):
             for a in (*args, *(kwargs or {}).values()):
                 for t in (a if isinstance(a, (list, tuple)) else (a,)):
                     if isinstance(t, ZeroParameter):
-                        _check_gathered(t)
+                        _ensure_gathered(t)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
 
 
-def _check_gathered(param: ZeroParameter) -> None:
+def _ensure_gathered(param: ZeroParameter) -> None:
     bucket = param.__dict__.get("zr_bucket")
     if bucket is None or bucket.state is ParamState.GATHERED:
+        return
+    toucher = bucket.toucher
+    if toucher is not None and toucher(bucket):  # inside forward/backward: gathered on touch
         return
     shape = next((tuple(s.shape) for p, s in zip(bucket.params, bucket.plan.slots, strict=True) if p is param), ())
     raise ShardedParameterError(
@@ -57,7 +68,14 @@ def _check_gathered(param: ZeroParameter) -> None:
         "it back), or use engine.save_16bit_model() for the full weights")
 
 
-def mark_partitioned(param: nn.Parameter) -> None:
-    """Give ``param`` the guarded class (a no-op for subclasses other than plain ``nn.Parameter``)."""
+def guard(param: nn.Parameter) -> None:
+    """Sharded: give ``param`` the guarded class (only a plain ``nn.Parameter``; other subclasses stay)."""
     if type(param) is nn.Parameter:
         param.__class__ = ZeroParameter
+
+
+def unguard(param: nn.Parameter) -> None:
+    """Gathered: back to a plain ``nn.Parameter``, so ops on it skip ``__torch_function__``."""
+    if type(param) is ZeroParameter:
+        param.__class__ = nn.Parameter
+

@@ -2,23 +2,26 @@
 
 The recipe mirrors :func:`zerorun.engine.build.build_parts`, unit by unit so that only
 one unit is ever whole on a rank while building: (gather the unit's ``zero.Init``
-shards) -> pack the unit's parameters into a bucket per optimizer group -> broadcast
+shards) -> move the unit's parameters to the engine's device (the whole model is never
+moved: :mod:`zerorun.engine.placement`) -> pack them into a bucket per optimizer group
+(and one for the parameters the optimizer does not step: frozen, sharded too) -> broadcast
 from rank 0 -> keep this rank's chunk (``local``) and its fp32 master -> cast to the
 compute dtype -> release the full buffer (unless the bucket is under
 ``stage3_param_persistence_threshold`` elements: then it stays gathered). Then the
 optimizer is pointed at the masters, gradients are reduce-scattered per bucket by the
-stage-2 strategy (:class:`PartitionedGradSync`), and the gather coordinator's hooks are
+stage-2 strategy (:class:`~zerorun.engine.stage3_grads.Stage3GradSync`, small units coalesced), and the gather coordinator's hooks are
 attached.
 
-Units: every module whose own trainable parameters are non-empty (for an MLP block,
-each Linear/LayerNorm; for the GPT, each embedding, projection and norm). That is
+Units: every module whose own parameters are non-empty (for an MLP block, each
+Linear/LayerNorm; for the GPT, each embedding, projection and norm), and the root. That is
 DeepSpeed's granularity; a unit never spans two modules, so a block of 4 Linears is
 4 all-gathers in flight back to back, which the prefetch overlaps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,13 +31,15 @@ from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts, optimizer_groups
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
-from zerorun.engine.grad_sync import PartitionedGradSync, ReducePolicy
+from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
+from zerorun.engine.placement import to_device
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import MasterShards
+from zerorun.engine.stage3_grads import COALESCE_LIMIT, Stage3GradSync
 
 
 class PartitionedMasters(MasterShards):
@@ -69,28 +74,12 @@ class PartitionedMasters(MasterShards):
         self.coordinator.after_step()
 
 
-class Stage3GradSync(PartitionedGradSync):
-    """Stage 2's per-bucket reduce-scatter; a bucket whose gradients are all in is released."""
-
-    def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
-                 coordinator: GatherCoordinator) -> None:
-        super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
-        self.coordinator = coordinator
-
-    def _launch(self, bucket_index: int) -> None:
-        super()._launch(bucket_index)
-        self.coordinator.post_backward_bucket(bucket_index)
-
-    def finish_backward(self) -> None:
-        super().finish_backward()
-        self.coordinator.end_pass()
-
-
 @dataclass
 class Stage3Parts(Parts):
     coordinator: GatherCoordinator | None = None
     units: list[Unit] | None = None
     param_offload: ParamOffload | None = None  # offload_param: the resting shards in host memory / swap files
+    frozen: list[PartitionedBucket] = field(default_factory=list)  # sharded parameters the optimizer does not step
 
 
 def _materialize(params: list[nn.Parameter]) -> None:
@@ -105,12 +94,13 @@ def _materialize(params: list[nn.Parameter]) -> None:
 
 
 def _make_bucket(name: str, params: list[nn.Parameter], gi: int, coll: Collectives, precision: PrecisionPolicy,
-                 threshold: int) -> PartitionedBucket:
-    b = unit_bucket(params, coll, name, gi)
+                 threshold: int, device: torch.device, frozen: bool) -> PartitionedBucket:
+    b = unit_bucket(params, coll, name, gi, device=device)
+    b.frozen = frozen
     with torch.no_grad():
         coll.broadcast(b.data, src=0)
     b.seal()
-    if not precision.master_is_alias:
+    if not precision.master_is_alias and not frozen:
         b.master = b.local.float()  # fp32 master taken before the cast; MasterShards clones it once more
     b.cast_(precision.compute_dtype)
     b.persistent = b.plan.numel < threshold
@@ -119,32 +109,59 @@ def _make_bucket(name: str, params: list[nn.Parameter], gi: int, coll: Collectiv
     return b
 
 
+@dataclass
+class Stage3Plan:
+    buckets: list[PartitionedBucket]  # trainable: one per unit and optimizer group, stepped by the optimizer
+    frozen: list[PartitionedBucket]  # parameters the optimizer does not step, one per unit
+    units: list[Unit]  # bucket indices count the trainable buckets first, then the frozen ones
+    modules: list[nn.Module]
+    group_of_bucket: list[int]
+
+
 def plan_stage3(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives,
-                precision: PrecisionPolicy, threshold: int
-                ) -> tuple[list[PartitionedBucket], list[Unit], list[nn.Module], list[int]]:
+                precision: PrecisionPolicy, threshold: int, device: torch.device) -> Stage3Plan:
+    """Shard ``module`` unit by unit: only one unit is ever whole (on ``device``) while this runs.
+
+    The root module is always a unit (possibly with no buckets of its own), so a parameter
+    used directly by the root's forward has a unit to be filed under.
+    """
     group_of = {id(p): gi for gi, ps in enumerate(groups) for p in ps}
-    buckets: list[PartitionedBucket] = []
-    group_of_bucket: list[int] = []
-    index_of: dict[int, int] = {}
-    units: list[Unit] = []
-    modules: list[nn.Module] = []
+    plan = Stage3Plan([], [], [], [], [])
+    bucket_of_param: dict[int, PartitionedBucket] = {}
+    unit_members: list[list[PartitionedBucket]] = []
     for name, m in module.named_modules():
-        direct = [p for p in m.parameters(recurse=False) if id(p) in group_of]
-        if not direct:
+        direct = list(m.parameters(recurse=False))
+        if not direct and m is not module:
             continue
-        own = [p for p in direct if id(p) not in index_of]
+        own = [p for p in direct if id(p) not in bucket_of_param]
         _materialize(own)
-        for gi in sorted({group_of[id(p)] for p in own}):
-            ps = [p for p in own if group_of[id(p)] == gi]
-            label = f"{name or '<root>'}" + (f"[group {gi}]" if len(groups) > 1 else "")
-            buckets.append(_make_bucket(label, ps, gi, coll, precision, threshold))
-            group_of_bucket.append(gi)
-            for p in ps:
-                index_of[id(p)] = len(buckets) - 1
-        units.append(Unit(len(units), name or "<root>", tuple(sorted({index_of[id(p)] for p in direct}))))
-        modules.append(m)
-    _materialize(list(module.parameters()))  # zero.Init shards of frozen / non-optimized parameters
-    return buckets, units, modules, group_of_bucket
+        for gi in sorted({group_of.get(id(p), -1) for p in own}):  # -1: not stepped by the optimizer
+            ps = [p for p in own if group_of.get(id(p), -1) == gi]
+            label = (name or "<root>") + ("[frozen]" if gi < 0 else f"[group {gi}]" if len(groups) > 1 else "")
+            b = _make_bucket(label, ps, max(gi, 0), coll, precision, threshold, device, frozen=gi < 0)
+            if gi < 0:
+                plan.frozen.append(b)
+            else:
+                plan.buckets.append(b)
+                plan.group_of_bucket.append(gi)
+            bucket_of_param.update((id(p), b) for p in ps)
+        unit_members.append(list({id(b): b for b in (bucket_of_param[id(p)] for p in direct)}.values()))
+        plan.modules.append(m)
+        plan.units.append(Unit(len(plan.units), name or "<root>", ()))
+    index = {id(b): i for i, b in enumerate(plan.buckets + plan.frozen)}
+    plan.units = [Unit(u.index, u.name, tuple(sorted(index[id(b)] for b in members)))
+                  for u, members in zip(plan.units, unit_members, strict=True)]
+    _move_buffers(module, device)
+    return plan
+
+
+def _move_buffers(module: nn.Module, device: torch.device) -> None:
+    """Every module's buffers to ``device``, one module at a time (the parameters are already there)."""
+    for m in module.modules():
+        names = [k for k, v in m._buffers.items() if v is not None]
+        if names:
+            for k, t in zip(names, to_device([m._buffers[k] for k in names], device), strict=True):
+                m._buffers[k] = t
 
 
 def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
@@ -153,12 +170,13 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
                        ) -> Stage3Parts:
     groups = optimizer_groups(module, optimizer)
     threshold = int(zero_cfg.stage3_param_persistence_threshold)
-    buckets, units, modules, group_of_bucket = plan_stage3(module, groups, coll, precision, threshold)
-    module.to(precision.compute_dtype)  # buffers and frozen parameters; buckets are already cast
+    plan = plan_stage3(module, groups, coll, precision, threshold, ctx.device)
+    buckets, units, group_of_bucket = plan.buckets, plan.units, plan.group_of_bucket
+    module.to(precision.compute_dtype)  # buffers (already on the device); every parameter is a cast bucket
     policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
                           max_live=int(zero_cfg.stage3_max_live_parameters),
                           max_reuse=int(zero_cfg.stage3_max_reuse_distance))
-    coordinator = GatherCoordinator(buckets, units, policy)
+    coordinator = GatherCoordinator(buckets + plan.frozen, units, policy)
     # an offloaded master, or a master over an offloaded shard, is a separate copy
     offloaded = any(p is not None and p.enabled for p in (offload, param_offload))
     inner = PartitionedMasters(buckets, alias=precision.master_is_alias and not offloaded, coordinator=coordinator)
@@ -166,17 +184,29 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
         inner.param_offload = ParamOffload(param_offload, buckets)
     masters = wrap_masters(inner, offload, optimizer)
     masters.bind_optimizer(optimizer, group_of_bucket)
-    grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator)
+    coalesce = min(int(zero_cfg.reduce_bucket_size), COALESCE_LIMIT)  # units under this share reduce-scatters
+    grad_sync = Stage3GradSync(buckets, coll, reduce, coordinator, coalesce)
     hooks: list[Any] = []
     for bi, b in enumerate(buckets):
         for si, p in enumerate(b.params):
             hooks.append(p.register_post_accumulate_grad_hook(
                 lambda param, bi=bi, si=si: grad_sync.on_grad_ready(bi, si, param)))
-    coordinator.attach(module, modules)
+    coordinator.attach(module, plan.modules)
     return Stage3Parts(buckets, masters, grad_sync, hooks, coordinator, units,  # type: ignore[arg-type]
-                       inner.param_offload)
+                       inner.param_offload, plan.frozen)
 
 
 def is_partitioned(param: torch.Tensor) -> bool:
     b = bucket_of(param)
     return b is not None and b.state is not ParamState.GATHERED
+
+
+def gathered_frozen(parts: Any, modifier_rank: int | None = None) -> contextlib.AbstractContextManager[None]:
+    """Gather stage 3's frozen buckets on every rank for a ``with`` (a no-op for other stages).
+
+    The checkpoint writes and reads frozen parameters with the buffers, as whole tensors.
+    """
+    from zerorun.zero import GatheredParameters
+
+    return GatheredParameters([p for b in getattr(parts, "frozen", ()) for p in b.params], modifier_rank)
+

@@ -26,6 +26,7 @@ from zerorun.engine.checkpoint.manifest import (
     rank_file,
 )
 from zerorun.engine.offload.resident import resident
+from zerorun.engine.stage3 import gathered_frozen
 
 
 def list_tags(root: Path) -> list[str]:
@@ -145,7 +146,9 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
         _fill(engine, copies, files, optimizer_states)
         layout.publish_masters(engine)
     if (path / EXTRA).is_file():
-        engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True), strict=False)
+        with gathered_frozen(engine.parts, modifier_rank=0):  # stage 3: every rank keeps its chunk
+            engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True),
+                                          strict=False)
     if not load_module_only:
         state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)
     engine.parts.grad_sync.zero()

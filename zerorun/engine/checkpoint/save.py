@@ -30,6 +30,7 @@ from zerorun.engine.checkpoint import atomic, layout, state
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
 from zerorun.engine.offload.resident import resident
+from zerorun.engine.stage3 import gathered_frozen
 
 PAUSE_ENV = "ZERORUN_TEST_CHECKPOINT_PAUSE_S"  # test hook: sleep after this rank's file is durable
 
@@ -135,7 +136,8 @@ def save_checkpoint(engine: Any, save_dir: str | os.PathLike[str], tag: str | No
             write_extra(engine, staging)
 
     agree(engine, _attempt(prepare), f"creating {staging}")
-    error = _attempt(write)
+    with gathered_frozen(engine.parts):  # stage 3: frozen parameters are shards; extra.pt holds them whole
+        error = _attempt(write)
     if os.environ.get(PAUSE_ENV):
         time.sleep(float(os.environ[PAUSE_ENV]))
     agree(engine, error, f"writing {staging / rank_file(rank)}")
