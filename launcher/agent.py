@@ -30,6 +30,7 @@ from launcher.lifecycle import RankState, exit_status, transition
 from launcher.output import OutputSink
 from launcher.plan import DeviceMode, LaunchPlan, rank_argv, rank_env
 from launcher.protocol import Command, encode_event
+from zerorun.compat.activate import rank_env as compat_env
 
 POLL_S = 0.05
 GONE = "gone"
@@ -84,6 +85,7 @@ class Agent:
         )
         for local_rank, rank in enumerate(self.node.ranks):
             env = {**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)}
+            env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
             proc = subprocess.Popen(
                 rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

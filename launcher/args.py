@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env_file", help="dotenv file to export (after ~/.zerorun_env, ./.zerorun_env, .deepspeed_env)")
     e.add_argument("--config", help="zerorun/DeepSpeed config: validated before launch, then passed as ZERORUN_CONFIG")
     e.add_argument("--pass_local_rank", action="store_true", help="append --local_rank=N to the script's arguments (DeepSpeed style)")
+    e.add_argument("--as_deepspeed", action="store_true",
+                   help="`import deepspeed` in the ranks resolves to zerorun's compatibility package (no script edit); "
+                        "sets ZERORUN_AS_DEEPSPEED=1")
     e.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module: python -m SCRIPT")
     e.add_argument("--no_python", action="store_true", help="SCRIPT is an executable: run it without python")
     o = p.add_argument_group("watching the run")

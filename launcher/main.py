@@ -28,6 +28,7 @@ from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
 from launcher.preflight import preflight
 from launcher.report import format_report
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands
+from zerorun.compat import ENV_VAR as COMPAT_ENV
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
 _DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
@@ -134,6 +135,8 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
     env = collect_env(os.environ, default_env_files(cwd, Path.home()), ns.env, Path(ns.env_file) if ns.env_file else None)
     if config:
         env["ZERORUN_CONFIG"] = config
+    if ns.as_deepspeed:
+        env[COMPAT_ENV] = "1"
     port, port_reason = master_port(ns.master_port)
     devices = DeviceMode(ns.devices)
     if devices is DeviceMode.AUTO and local and gpu_count() == 0:

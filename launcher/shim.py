@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from launcher.errors import LaunchError
+from zerorun.compat.activate import rank_env as compat_env
 
 
 def _slurm_local_size(env: Mapping[str, str]) -> str:
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m launcher.shim [--pass_local_rank] -- COMMAND [ARGS]", file=sys.stderr)
         return 2
     env = {**os.environ, **rank_vars(os.environ)}
+    env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
     if pass_local_rank:
         args.append(f"--local_rank={env['LOCAL_RANK']}")
     os.execvpe(args[0], args, env)

@@ -1,0 +1,153 @@
+"""``deepspeed.comm``: DeepSpeed's torch.distributed-shaped communication module.
+
+Queries (rank, world size, backend) read torch.distributed's state; every collective
+goes through :mod:`zerorun.engine.collectives` (the single caller of torch.distributed
+collectives in zerorun). ``init_distributed`` is zerorun's bootstrap: it reuses an
+existing default group and falls back to a world of one without a launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from zerorun.engine import bootstrap
+from zerorun.engine import collectives as coll
+
+ProcessGroup = dist.ProcessGroup
+Work = dist.Work
+
+
+def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
+                     distributed_port: int | None = None, verbose: bool = True,
+                     timeout: timedelta = timedelta(minutes=30), init_method: str | None = None,
+                     dist_init_required: bool | None = None, config: Any = None, rank: int = -1,
+                     world_size: int = -1) -> None:
+    """Join (or reuse) the default process group from the launcher's environment (also torchrun's)."""
+    if distributed_port is not None and "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(distributed_port)
+    bootstrap.init_distributed(dist_backend, timeout=timeout, init_method=init_method)
+
+
+def is_initialized() -> bool:
+    return dist.is_initialized()
+
+
+def is_available() -> bool:
+    return dist.is_available()
+
+
+def get_rank(group: Any = None) -> int:
+    return dist.get_rank(group) if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def get_world_size(group: Any = None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def get_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def get_global_rank(group: Any = None, group_rank: int = 0) -> int:
+    return dist.get_global_rank(group, group_rank) if group is not None else group_rank
+
+
+def get_world_group() -> Any:
+    return dist.group.WORLD
+
+
+def get_backend(group: Any = None) -> str:
+    return dist.get_backend(group)
+
+
+def new_group(ranks: list[int] | None = None, **kwargs: Any) -> Any:
+    return dist.new_group(ranks, **kwargs)
+
+
+def destroy_process_group(group: Any = None) -> None:
+    dist.destroy_process_group(group)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Any:
+    return coll.script_barrier(group)
+
+
+def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+               prof: bool = False, log_name: str = "all_reduce", debug: str = "") -> Any:
+    return coll.script_all_reduce(tensor, op, group, async_op)
+
+
+def inference_all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
+    return coll.script_all_reduce(tensor, op, group, False)
+
+
+def reduce(tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
+           **_: Any) -> Any:
+    return coll.script_reduce(tensor, dst, op, group, async_op)
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False, **_: Any) -> Any:
+    return coll.script_broadcast(tensor, src, group, async_op)
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False,
+               **_: Any) -> Any:
+    return coll.script_all_gather(tensor_list, tensor, group, async_op)
+
+
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
+                           async_op: bool = False, **_: Any) -> Any:
+    return coll.script_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+
+
+allgather_fn = all_gather_into_tensor
+
+
+def reduce_scatter_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: Any = ReduceOp.SUM,
+                          group: Any = None, async_op: bool = False, **_: Any) -> Any:
+    return coll.script_reduce_scatter_tensor(output_tensor, input_tensor, op, group, async_op)
+
+
+def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: Any = None,
+                      input_split_sizes: Any = None, group: Any = None, async_op: bool = False, **_: Any) -> Any:
+    if output_split_sizes is not None or input_split_sizes is not None:
+        from zerorun.compat.unsupported import unsupported
+
+        unsupported("uneven all_to_all_single splits (deepspeed.comm.all_to_all_single)")
+    return coll.script_all_to_all_single(output, tensor, group, async_op)
+
+
+def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, group: Any = None,
+           async_op: bool = False) -> Any:
+    return coll.script_gather(tensor, gather_list, dst, group, async_op)
+
+
+def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, group: Any = None,
+            async_op: bool = False) -> Any:
+    return coll.script_scatter(tensor, scatter_list, src, group, async_op)
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    coll.script_all_gather_object(object_list, obj, group)
+
+
+def broadcast_object_list(object_list: list[Any], src: int, group: Any = None, device: Any = None) -> None:
+    coll.script_broadcast_object_list(object_list, src, group)
+
+
+def log_summary(show_straggler: bool = False) -> None:
+    """DeepSpeed's comms logger summary; zerorun counts the engine's traffic in ``engine.comm_stats()``."""
+    print("[zerorun] communication figures: see engine.comm_stats()", flush=True)
+
+
+__all__ = ["ProcessGroup", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object",
+           "all_reduce", "all_to_all_single", "allgather_fn", "barrier", "broadcast", "broadcast_object_list",
+           "destroy_process_group", "gather", "get_backend", "get_global_rank", "get_local_rank", "get_rank",
+           "get_world_group", "get_world_size", "inference_all_reduce", "init_distributed", "is_available",
+           "is_initialized", "log_summary", "new_group", "reduce", "reduce_scatter_tensor", "scatter"]

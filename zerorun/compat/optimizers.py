@@ -1,0 +1,92 @@
+"""``deepspeed.ops.adam``: ``DeepSpeedCPUAdam`` and ``FusedAdam`` on torch's Adam.
+
+Both are :class:`torch.optim.Adam` with DeepSpeed's argument names and semantics:
+``adam_w_mode`` / ``adamw_mode`` (default True) selects decoupled weight decay (AdamW),
+False the L2 form (Adam); ``bias_correction=False`` drops Adam's bias corrections
+(``p -= lr * m / (sqrt(v) + eps)``), which torch does not offer, so that case takes the
+small explicit update below. ``amsgrad`` is refused as DeepSpeed refuses it. The update
+is the same one DeepSpeed's CPU and CUDA kernels compute; only speed differs (torch's
+foreach/fused kernels instead of DeepSpeed's AVX/CUDA ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from zerorun.compat.unsupported import unsupported
+
+
+class _DeepSpeedAdam(torch.optim.Adam):
+    """torch Adam(W) with DeepSpeed's constructor and an optional bias-correction-free update."""
+
+    def __init__(self, params: Iterable[Any], lr: float, bias_correction: bool, betas: tuple[float, float],
+                 eps: float, weight_decay: float, amsgrad: bool, adamw: bool) -> None:
+        if amsgrad:
+            unsupported(f"{type(self).__name__}(amsgrad=True)", "DeepSpeed's Adam kernels have no AMSGrad variant; "
+                        "use torch.optim.Adam(amsgrad=True) as a client optimizer")
+        self.bias_correction = bias_correction
+        self.adam_w_mode = adamw
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                         decoupled_weight_decay=adamw, foreach=None)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        if self.bias_correction:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._plain_update(group)
+        return loss
+
+    def _plain_update(self, group: dict[str, Any]) -> None:
+        """Adam without bias correction, weight decay as ``adam_w_mode`` says (DeepSpeed's formula)."""
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = p.grad
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            if wd:
+                if self.adam_w_mode:
+                    p.mul_(1 - lr * wd)
+                else:
+                    grad = grad.add(p, alpha=wd)
+            state["exp_avg"].lerp_(grad, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(eps), value=-lr)
+
+
+class DeepSpeedCPUAdam(_DeepSpeedAdam):
+    """DeepSpeed's CPU Adam: ``DeepSpeedCPUAdam(model_params, lr, bias_correction, betas, eps, weight_decay,
+    amsgrad, adamw_mode, fp32_optimizer_states)``."""
+
+    def __init__(self, model_params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                 amsgrad: bool = False, adamw_mode: bool = True, fp32_optimizer_states: bool = True) -> None:
+        super().__init__(model_params, lr, bias_correction, betas, eps, weight_decay, amsgrad, adamw_mode)
+
+
+class FusedAdam(_DeepSpeedAdam):
+    """DeepSpeed's fused Adam: ``FusedAdam(params, lr, bias_correction, betas, eps, adam_w_mode, weight_decay,
+    amsgrad, set_grad_none)``."""
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
+                 weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True) -> None:
+        super().__init__(params, lr, bias_correction, betas, eps, weight_decay, amsgrad, adam_w_mode)
+        self.set_grad_none = set_grad_none
+
+
+__all__ = ["DeepSpeedCPUAdam", "FusedAdam"]

@@ -1,0 +1,7 @@
+"""``deepspeed`` backed by zerorun (see ``zerorun.compat``): not DeepSpeed itself."""
+
+from zerorun.compat.surface import *  # noqa: F403
+from zerorun.compat.surface import __all__, __version__  # noqa: F401
+
+from . import accelerator, comm, ops, runtime, utils  # noqa: F401,E402  DeepSpeed imports these eagerly too
+from .runtime import zero  # noqa: F401,E402  deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed

@@ -1,0 +1,3 @@
+"""``deepspeed.accelerator`` -> :mod:`zerorun.compat.accelerator`."""
+
+from zerorun.compat.accelerator import *  # noqa: F403

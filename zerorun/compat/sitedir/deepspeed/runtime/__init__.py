@@ -1,0 +1,3 @@
+"""``deepspeed.runtime``."""
+
+from . import config, utils, zero  # noqa: F401

@@ -1,0 +1,3 @@
+"""``deepspeed.runtime.config`` -> :mod:`zerorun.compat.config`."""
+
+from zerorun.compat.config import *  # noqa: F403
