@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "ds_scripts"
 TRAINER = ("--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
            "--learning_rate", "3e-3", "--warmup_steps", "2", "--weight_decay", "0.01", "--seed", "7",
-           "--num_samples", "40", "--per_device_train_batch_size", "2")
+           "--num_samples", "40", "--per_device_train_batch_size", "2",
+           "--ddp_backend", "gloo")  # without a GPU, accelerate joins the process group only for a named backend
 
 
 def _cifar_config(stage: int) -> dict[str, Any]:

@@ -48,8 +48,10 @@ def trainer_reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str
 def test_trainer_matches_plain_trainer(tmp_path: Path, trainer_reference: list[dict[str, float]],
                                        config: str) -> None:
     """zero2: Trainer's own AdamW (a client optimizer); zero3: the config's AdamW with "auto" params + zero.Init."""
+    # --ddp_backend gloo: without a GPU, accelerate joins the process group only for a named backend
     out = launch("run_clm.py", "--deepspeed", str(SCRIPTS / config), "--output_dir", str(tmp_path),
-                 "--per_device_train_batch_size", str(MICRO), *TRAINER_ARGS, cwd=tmp_path, timeout=240)
+                 "--per_device_train_batch_size", str(MICRO), "--ddp_backend", "gloo", *TRAINER_ARGS,
+                 cwd=tmp_path, timeout=240)
     got = _history(tmp_path)
     assert [e["step"] for e in got] == list(range(1, STEPS + 1)), out[-3000:]
     for key, rel in (("loss", 1e-5), ("grad_norm", 1e-4), ("learning_rate", 1e-9)):

@@ -13,7 +13,7 @@ import os
 
 import torch
 from accelerate import Accelerator, DeepSpeedPlugin
-from accelerate.utils import set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 from tiny_models import Net, synthetic_cifar
 from torch.nn import functional as F
 
@@ -32,7 +32,9 @@ def parse_args():
 def main():
     args = parse_args()
     plugin = DeepSpeedPlugin(zero_stage=args.zero_stage, gradient_accumulation_steps=1, gradient_clipping=1.0)
-    accelerator = Accelerator(deepspeed_plugin=plugin)
+    # without a GPU, accelerate only joins the process group when a backend is named
+    backend = None if torch.cuda.is_available() else "gloo"
+    accelerator = Accelerator(deepspeed_plugin=plugin, kwargs_handlers=[InitProcessGroupKwargs(backend=backend)])
     set_seed(1234)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from accelerate import PartialState
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -55,7 +56,18 @@ class TokenBlocks(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def cpu_deepspeed_state() -> PartialState | None:
+    """On a machine without a GPU, accelerate joins a multi-process DeepSpeed run only for an explicitly
+    named backend, which the Trainer does not pass: configure the state first (then run with
+    ``--accelerator_config '{"use_configured_state": true}'``)."""
+    if torch.cuda.is_available() or "LOCAL_RANK" not in os.environ or "--deepspeed" not in sys.argv:
+        return None
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    return PartialState(backend="gloo")
+
+
 def main():
+    cpu_deepspeed_state()
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))

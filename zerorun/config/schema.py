@@ -23,7 +23,7 @@ from zerorun.config.schema_blocks import (
     SchedulerConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, choice
+from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, choice
 
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(choice("fp32", "fp16", "bf16"))]
 
@@ -53,8 +53,8 @@ class ZerorunConfig(Block):
         0.0,
         description="Clip the global gradient norm to this value; 0 disables clipping. DeepSpeed >= 0.19.3 defaults to 1.0.",
     )
-    steps_per_print: PosInt = Field(
-        10, description="Log loss, learning rate and throughput every this many steps."
+    steps_per_print: StepsOrNever = Field(
+        10, description="Log loss, learning rate and throughput every this many steps (Infinity: never)."
     )
     wall_clock_breakdown: Bool = Field(
         False, description="Time forward, backward and step separately (synchronises)."

@@ -50,8 +50,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                        help="enable the engine (accepted for DeepSpeed compatibility; always on)")
     group.add_argument("--deepspeed_config", "--config", dest="deepspeed_config", default=None, type=str,
                        help="engine config file (JSON or YAML, DeepSpeed keys)")
-    group.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
-                       help="set by launchers that pass it as a flag")
     return parser
 
 

@@ -1,3 +1,3 @@
 """``deepspeed.runtime``."""
 
-from . import config, utils, zero  # noqa: F401
+from . import config, lr_schedules, utils, zero  # noqa: F401
