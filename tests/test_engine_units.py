@@ -62,8 +62,11 @@ def test_schedules_follow_deepspeed_formulas() -> None:
     d = WarmupDecayLR(total_num_steps=20, warmup_max_lr=1.0, warmup_num_steps=10, warmup_type="linear")
     assert [d.lr(s, 0) for s in (10, 15, 20, 30)] == [1.0, 0.5, 0.0, 0.0]
     c = WarmupCosineLR(total_num_steps=20, warmup_num_steps=10, cos_min_ratio=0.0, warmup_type="linear")
-    assert c.lr(10, 2.0) == pytest.approx(2.0) and c.lr(15, 2.0) == pytest.approx(1.0)
-    assert c.lr(20, 2.0) == pytest.approx(0.0, abs=1e-12)
+    # DeepSpeed's cosine counts the first post-warm-up step as progress 1/(total - warmup)
+    assert c.lr(9, 2.0) == pytest.approx(1.8) and c.lr(14, 2.0) == pytest.approx(1.0)
+    assert c.lr(19, 2.0) == pytest.approx(0.0, abs=1e-12) and c.lr(40, 2.0) == pytest.approx(0.0, abs=1e-12)
+    # before the first scheduler step (counter -1): DeepSpeed's "not started" values
+    assert (w.lr(-1, 0.5), c.lr(-1, 2.0)) == (0.0, 0.0)
 
 
 def test_scheduler_sets_lr_on_every_group_and_steps() -> None:
@@ -73,6 +76,8 @@ def test_scheduler_sets_lr_on_every_group_and_steps() -> None:
     sched = build_scheduler("WarmupCosineLR", {"total_num_steps": 4, "warmup_num_steps": 2,
                                                 "warmup_type": "linear"}, opt)
     assert isinstance(sched, Scheduler)
+    assert sched.get_lr() == [0.0, 0.0]
+    sched.step()  # counter 0: linear warm-up fraction 0/2
     assert sched.get_lr() == [0.0, 0.0]
     sched.step()
     assert sched.get_lr() == pytest.approx([0.05, 0.1])

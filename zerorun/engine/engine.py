@@ -22,6 +22,7 @@ from zerorun.engine import figures, loss_scaler
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
+from zerorun.engine.ds_surface import DeepSpeedSurface
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import optimizer_state_bytes
@@ -42,7 +43,7 @@ def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
-class Engine:
+class Engine(DeepSpeedSurface):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: Any,
                  ctx: DistContext, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
                  parts: Parts) -> None:
@@ -87,6 +88,7 @@ class Engine:
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """Count a micro-step; on the accumulation boundary, take the optimizer step."""
+        self._check_step_allowed()
         if self.is_gradient_accumulation_boundary():
             self._optimizer_step()
         self.micro_steps += 1
@@ -130,9 +132,6 @@ class Engine:
     # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
     def zero_grad(self) -> None:
         self.parts.grad_sync.zero()
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def gradient_accumulation_steps(self) -> int:
         return int(self.config.gradient_accumulation_steps)

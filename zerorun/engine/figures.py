@@ -37,6 +37,9 @@ class Throughput:
     _steps: int = 0
     _elapsed: float = 0.0
     last_step_s: float = 0.0
+    # since the engine started, the first step left out (it holds the set-up and first-call costs)
+    total_steps: int = -1
+    total_elapsed: float = 0.0
 
     def tick(self) -> None:
         now = time.perf_counter()
@@ -44,6 +47,13 @@ class Throughput:
         self._elapsed += self.last_step_s
         self._steps += 1
         self._t_last = now
+        self.total_steps += 1
+        if self.total_steps > 0:
+            self.total_elapsed += self.last_step_s
+
+    def avg_samples_per_sec(self) -> float:
+        """Samples per second over every step but the first (DeepSpeed's ``tput_timer`` figure); 0 before."""
+        return self.total_steps * self.samples_per_step / self.total_elapsed if self.total_elapsed > 0 else 0.0
 
     def rates(self) -> dict[str, float]:
         """Mean rates since the last ``reset`` (then starts a new window)."""

@@ -1,0 +1,189 @@
+"""DeepSpeed's smaller engine accessors, mixed into :class:`zerorun.engine.engine.Engine`.
+
+Real scripts call these (``engine.zero_optimization_stage()``, ``engine.global_rank``,
+``engine.no_sync()``, ...); they read the engine's own state and add no mechanism.
+Unknown attributes are forwarded to the wrapped module, as DeepSpeed's engine does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from zerorun.engine.errors import EngineError, rank_prefixed
+
+
+class TputTimer:
+    """``engine.tput_timer``: DeepSpeed's throughput timer, read from the engine's figures."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._engine.config.train_batch_size)
+
+    @property
+    def global_step_count(self) -> int:
+        return int(self._engine.global_steps)
+
+    @property
+    def total_elapsed_time(self) -> float:
+        return self._engine.throughput.total_elapsed
+
+    @property
+    def step_elapsed_time(self) -> float:
+        return self._engine.throughput.last_step_s
+
+    def avg_samples_per_sec(self) -> float:
+        return self._engine.throughput.avg_samples_per_sec()
+
+    def start(self) -> None:
+        """The engine times its own steps; nothing to start."""
+
+    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
+        """The engine times its own steps; nothing to stop."""
+
+
+class DeepSpeedSurface:
+    """Accessors over ``self.ctx``, ``self.config``, ``self.stage``, ``self.module``, ``self.parts``."""
+
+    _no_sync = False
+    _boundary_override: bool | None = None
+
+    # ---- where this rank sits ------------------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.ctx.world_size  # the engine is data-parallel only
+
+    @property
+    def mp_world_size(self) -> int:
+        return 1
+
+    def get_data_parallel_rank(self) -> int:
+        return self.ctx.rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.ctx.world_size
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    # ---- what the config says ------------------------------------------------------------------
+    def zero_optimization_stage(self) -> int:
+        return int(self.stage.stage)
+
+    def zero_optimization(self) -> bool:
+        return self.zero_optimization_stage() > 0
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.zero_optimization_stage() >= 2
+
+    def fp16_enabled(self) -> bool:
+        return bool(self.config.fp16.enabled)
+
+    def bfloat16_enabled(self) -> bool:
+        return bool(self.config.bf16.enabled)
+
+    def gradient_clipping(self) -> float:
+        return float(self.config.gradient_clipping)
+
+    def steps_per_print(self) -> int:
+        return int(self.config.steps_per_print)
+
+    def wall_clock_breakdown(self) -> bool:
+        return bool(self.config.wall_clock_breakdown)
+
+    # ---- step state ----------------------------------------------------------------------------
+    def was_step_applied(self) -> bool:
+        """True if the last ``step()`` call took an optimizer step (a boundary, and no overflow skip)."""
+        if self._boundary_override is not None:
+            boundary = self._boundary_override
+        else:  # step() counts the micro-step after deciding, so a boundary step leaves a multiple of gas
+            boundary = self.micro_steps > 0 and self.micro_steps % self.gradient_accumulation_steps() == 0
+        return boundary and self._grad_norm is not None  # an overflow skip leaves no gradient norm
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether this micro-step ends the accumulation: from the step count, unless the script set it.
+
+        Inside :meth:`no_sync` it is False, so ``backward`` keeps the gradients local.
+        """
+        if self._no_sync:
+            return False
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Override the count-based boundary (DeepSpeed's pipeline/HF-accelerate hook)."""
+        self._boundary_override = bool(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradients of the ``backward`` calls inside accumulate locally, with no communication.
+
+        The next ``backward`` outside on an accumulation boundary reduces the sum, as DDP's
+        ``no_sync``. Stages 2 and 3 partition gradients during backward, so, as in DeepSpeed,
+        they cannot.
+        """
+        if self.zero_optimization_partition_gradients():
+            raise EngineError(rank_prefixed(self.ctx.rank, f"no_sync() is incompatible with ZeRO stage "
+                                            f"{self.zero_optimization_stage()}: it reduce-scatters gradients "
+                                            "during every backward"),
+                              "use stage 0 or 1 for no_sync(), or accumulate with gradient_accumulation_steps")
+        if self._no_sync:
+            raise EngineError(rank_prefixed(self.ctx.rank, "no_sync() entered twice"),
+                              "no_sync() contexts do not nest")
+        self._no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = False
+
+    def _check_step_allowed(self) -> None:
+        if self._no_sync:
+            raise EngineError(rank_prefixed(self.ctx.rank, "engine.step() was called inside no_sync()"),
+                              "leave the no_sync() block, run the last backward outside it, then step() "
+                              "(as DeepSpeed requires)")
+
+    # ---- the module ----------------------------------------------------------------------------
+    def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False,
+                          exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+        """The module's state dict (stage 3: this rank's placeholders; use ``save_16bit_model`` for full weights)."""
+        sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
+            sd = {k: v for k, v in sd.items() if k not in frozen}
+        return sd
+
+    @property
+    def tput_timer(self) -> TputTimer:
+        return TputTimer(self)
+
+    def destroy(self) -> None:
+        """Detach the engine from the module: remove its gradient and gather hooks."""
+        for handle in self.parts.hooks:
+            handle.remove()
+        self.parts.hooks.clear()
+        coordinator = getattr(self.parts, "coordinator", None)
+        for handle in getattr(coordinator, "handles", []):
+            handle.remove()
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails; forward to the module as DeepSpeed does
+        module = self.__dict__.get("module")
+        if module is not None and not name.startswith("__"):
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object (and its module) has no attribute '{name}'")
