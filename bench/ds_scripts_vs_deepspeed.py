@@ -58,13 +58,13 @@ def cases() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
 
 
 def _read_losses(out: Path) -> list[float]:
-    """Per step: the Trainer's logged loss, or the mean over ranks of each rank's losses."""
+    """Per step: the Trainer's logged loss, or the mean over ranks of each rank's losses (GAN: Loss_D, Loss_G)."""
     history = out / "log_history.json"
     if history.exists():
         return [e["loss"] for e in json.loads(history.read_text())]
     ranks = [json.loads(p.read_text())["losses"] for p in sorted(out.glob("losses_rank*.json"))]
     ranks = [list(r.values()) if isinstance(r, dict) else r for r in ranks]
-    flat = [[v[0] if isinstance(v, list) else v for v in r] for r in ranks]  # GAN: Loss_D
+    flat = [[x for v in r for x in (v if isinstance(v, list) else [v])] for r in ranks]  # GAN: D, G per step
     return [sum(vals) / len(vals) for vals in zip(*flat, strict=True)]
 
 
@@ -97,7 +97,7 @@ def main() -> None:
     systems = {
         "deepspeed": ([str(ds_bin / "deepspeed"), "--num_gpus", "2"],
                       {**base, "PATH": f"{ds_bin}:{base['PATH']}"}),  # its JIT ops cache keys on the ninja found
-        "zerorun": ([sys.executable, "-m", "zerorun.cli", "--as-deepspeed", "--num_gpus", "2",
+        "zerorun": ([sys.executable, "-m", "zerorun.cli", "--as_deepspeed", "--num_gpus", "2",
                      "--master_port", "auto"], base),
     }
     table, figures = cases(), {}

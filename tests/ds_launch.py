@@ -25,7 +25,7 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 def launch(script: str, *script_args: str, cwd: Path, world: int = 2, timeout: float = 150) -> str:
     """``zerorun --as-deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
-    argv = zerorun_argv("--as-deepspeed", "--num_gpus", str(world), "--master_port", "auto",
+    argv = zerorun_argv("--as_deepspeed", "--num_gpus", str(world), "--master_port", "auto",
                         str(SCRIPTS / script), *script_args)
     proc = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr

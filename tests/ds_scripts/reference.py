@@ -50,8 +50,9 @@ def gan(batch: int, samples: int, lr: float, beta1: float, seed: int) -> list[li
     np.random.seed(seed)
     torch.manual_seed(seed)
     loader = torch.utils.data.DataLoader(synthetic_cifar(samples), batch_size=batch, shuffle=True)
-    netG, netD = Generator(), Discriminator()
-    netG.apply(weights_init)
+    netG = Generator()
+    netG.apply(weights_init)  # the script's order: the RNG stream must be consumed identically
+    netD = Discriminator()
     netD.apply(weights_init)
     optD = torch.optim.Adam(netD.parameters(), lr=lr, betas=(beta1, 0.999))
     optG = torch.optim.Adam(netG.parameters(), lr=lr, betas=(beta1, 0.999))
