@@ -92,7 +92,7 @@ def main() -> int:
     script.write_text(RANK_SCRIPT)
     launchers = {
         "zerorun": [sys.executable, "-m", "zerorun.cli", "--num_gpus", str(args.nproc), "--master_port", "auto",
-                    "--kill_timeout", "10", *shlex.split(args.zerorun_args)],
+                    "--kill_timeout", "10", "--no_local_rank", *shlex.split(args.zerorun_args)],
     }
     world = args.world or args.nproc
     if args.world is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from launcher.affinity import available_cores, core_share
 from launcher.devices import gpu_count
 from launcher.lifecycle import RankState, exit_status, transition
 from launcher.output import OutputSink
@@ -83,11 +85,16 @@ class Agent:
         gpu = self.plan.options.devices is DeviceMode.GPU or (
             self.plan.options.devices is DeviceMode.AUTO and gpu_count() > 0
         )
+        shares = self._core_shares()
         for local_rank, rank in enumerate(self.node.ranks):
             env = {**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)}
             env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
+            pin = None
+            if shares is not None:
+                env["OMP_NUM_THREADS"] = str(len(shares[local_rank]))
+                pin = functools.partial(os.sched_setaffinity, 0, shares[local_rank])  # in the child, before exec
             proc = subprocess.Popen(
-                rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd,
+                rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd, preexec_fn=pin,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             )
             rp = RankProcess(rank, local_rank, proc)
@@ -98,6 +105,14 @@ class Agent:
             self.ranks.append(rp)
         pids = {rp.rank: rp.proc.pid for rp in self.ranks}
         self.sink.raw(encode_event("started", node_rank=self.node.node_rank, host=self.node.host, pids=pids))
+
+    def _core_shares(self) -> list[list[int]] | None:
+        """Each local rank's cores under ``--bind_cores_to_rank`` (None without it)."""
+        opts = self.plan.options
+        if not opts.bind_cores:
+            return None
+        cores, n = available_cores(opts.bind_core_list), len(self.node.ranks)
+        return [core_share(cores, i, n) for i in range(n)]
 
     def _pump(self, rp: RankProcess, stream: IO[bytes] | None, is_err: bool) -> None:
         assert stream is not None

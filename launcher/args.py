@@ -51,7 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", action="append", default=[], metavar="K=V", help="export K=V to every rank (repeatable)")
     e.add_argument("--env_file", help="dotenv file to export (after ~/.zerorun_env, ./.zerorun_env, .deepspeed_env)")
     e.add_argument("--config", help="zerorun/DeepSpeed config: validated before launch, then passed as ZERORUN_CONFIG")
-    e.add_argument("--pass_local_rank", action="store_true", help="append --local_rank=N to the script's arguments (DeepSpeed style)")
+    e.add_argument("--pass_local_rank", action="store_true", default=True,
+                   help="pass --local_rank=N before the script's arguments, as DeepSpeed's launcher does (the default)")
+    e.add_argument("--no_local_rank", dest="pass_local_rank", action="store_false",
+                   help="do not pass --local_rank=N to the script (it reads LOCAL_RANK instead)")
+    e.add_argument("--bind_cores_to_rank", action="store_true",
+                   help="pin each rank to its own share of the node's cores (and set OMP_NUM_THREADS to it)")
+    e.add_argument("--bind_core_list", help="with --bind_cores_to_rank: the cores to share out, e.g. '0,2-5'")
     e.add_argument("--as_deepspeed", action="store_true",
                    help="`import deepspeed` in the ranks resolves to zerorun's compatibility package (no script edit); "
                         "sets ZERORUN_AS_DEEPSPEED=1")

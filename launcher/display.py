@@ -7,7 +7,7 @@ import json
 import shlex
 from typing import Any
 
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, rank_argv
 from launcher.runners import NodeCommand, RunnerKind
 
 _SHOWN_ENV_PREFIX = "PDSH_"  # pdsh's own settings carry no secrets; exported values never appear
@@ -42,7 +42,7 @@ def plan_text(plan: LaunchPlan, commands: list[NodeCommand], kind: RunnerKind, c
         f"config    {config or '(none)'}",
         f"exported  {', '.join(f'{k}=<redacted>' for k in env_names) if env_names else '(none)'}",
         "rank env  RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK CROSS_RANK MASTER_ADDR MASTER_PORT",
-        f"rank cmd  {shlex.join(plan.command)}" + ("  --local_rank=N" if plan.pass_local_rank else ""),
+        f"rank cmd  {shlex.join(rank_argv(plan, 'N'))}",
         "",
         "commands (the plan reaches each agent on its stdin, or in a 0600 file for pdsh):",
     ]

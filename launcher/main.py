@@ -16,6 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from launcher.affinity import available_cores, core_share
 from launcher.args import parse_args, parse_rank_list
 from launcher.devices import gpu_count
 from launcher.display import dump_json, plan_json, plan_text
@@ -141,13 +142,18 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
     devices = DeviceMode(ns.devices)
     if devices is DeviceMode.AUTO and local and gpu_count() == 0:
         devices = DeviceMode.CPU
+    if ns.bind_cores_to_rank and (local or ns.bind_core_list):
+        for node in nodes:  # fail before any rank starts; remote cores are checked by their agent
+            core_share(available_cores(ns.bind_core_list), 0, len(node.slots))
     color = ns.color == "always" or (ns.color == "auto" and sys.stdout.isatty())
     options = AgentOptions(
         kill_timeout=ns.kill_timeout, log_dir=str(Path(ns.log_dir).resolve()) if ns.log_dir else None,
         console_ranks=parse_rank_list(ns.ranks) if ns.ranks else None, color=color, devices=devices,
+        bind_cores=ns.bind_cores_to_rank, bind_core_list=ns.bind_core_list,
     )
+    command = rank_command(ns)
     plan = build_plan(
-        nodes, command=rank_command(ns), job_id=uuid.uuid4().hex[:12], cwd=str(cwd), python=sys.executable,
+        nodes, command=command, args_start=len(command) - len(ns.script_args), job_id=uuid.uuid4().hex[:12], cwd=str(cwd), python=sys.executable,
         master_addr=ns.master_addr, master_port=port, port_reason=port_reason, local=local,
         pass_local_rank=ns.pass_local_rank, env=env, options=options,
     )

@@ -54,6 +54,10 @@ class AgentOptions:
     color: bool = False
     """Colour the ``[host:rank]`` prefixes (the launcher's stdout is a terminal)."""
     devices: DeviceMode = DeviceMode.AUTO
+    bind_cores: bool = False
+    """Pin each local rank to its own share of the node's cores (``--bind_cores_to_rank``)."""
+    bind_core_list: str | None = None
+    """The cores to share out (``--bind_core_list "0,2-5"``); default: the agent's own affinity."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class LaunchPlan:
     python: str
     env: tuple[tuple[str, str], ...] = ()
     options: AgentOptions = AgentOptions()
+    args_start: int | None = None
+    """Index in ``command`` where the script's own arguments start (``--local_rank=N`` goes there)."""
 
     @property
     def world_size(self) -> int:
@@ -105,6 +111,7 @@ class LaunchPlan:
             python=data["python"],
             env=tuple((k, v) for k, v in data["env"]),
             options=AgentOptions(**opts),
+            args_start=data.get("args_start"),
         )
 
 
@@ -132,6 +139,7 @@ def build_plan(
     pass_local_rank: bool = False,
     env: dict[str, str] | None = None,
     options: AgentOptions = AgentOptions(),
+    args_start: int | None = None,
 ) -> LaunchPlan:
     """Lay out ranks over ``nodes`` (hostfile order, contiguous per node)."""
     addr, reason = choose_master(nodes, master_addr, local)
@@ -155,6 +163,7 @@ def build_plan(
         python=python,
         env=tuple(sorted((env or {}).items())),
         options=options,
+        args_start=args_start,
     )
 
 
@@ -183,9 +192,13 @@ def rank_env(plan: LaunchPlan, node_rank: int, local_rank: int, has_gpu: bool) -
     return env
 
 
-def rank_argv(plan: LaunchPlan, local_rank: int) -> list[str]:
-    """The rank's command: the user's arguments untouched, plus ``--local_rank=N`` if asked."""
+def rank_argv(plan: LaunchPlan, local_rank: int | str) -> list[str]:
+    """The rank's command: the user's arguments untouched, plus ``--local_rank=N`` if asked.
+
+    As DeepSpeed's launcher does, the flag goes right after the script, before its own
+    arguments (``args_start``; at the end when the plan does not say where they start).
+    """
     argv = list(plan.command)
     if plan.pass_local_rank:
-        argv.append(f"--local_rank={local_rank}")
+        argv.insert(len(argv) if plan.args_start is None else plan.args_start, f"--local_rank={local_rank}")
     return argv

@@ -119,7 +119,7 @@ def pdsh_commands(plan: LaunchPlan, ssh: SshOptions, payload_dir: str, launcher_
 def _shim_argv(plan: LaunchPlan) -> list[str]:
     argv = [plan.python, "-u", "-m", "launcher.shim"]
     if plan.pass_local_rank:
-        argv.append("--pass_local_rank")
+        argv.append("--pass_local_rank" if plan.args_start is None else f"--pass_local_rank={plan.args_start}")
     return [*argv, "--", *plan.command]
 
 

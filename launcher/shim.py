@@ -51,18 +51,18 @@ def rank_vars(env: Mapping[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    pass_local_rank = False
-    if args and args[0] == "--pass_local_rank":
-        pass_local_rank, args = True, args[1:]
+    pass_local_rank, at = False, None
+    if args and args[0].split("=", 1)[0] == "--pass_local_rank":  # `=K`: insert at K (before the script's args)
+        pass_local_rank, at, args = True, (int(args[0].split("=", 1)[1]) if "=" in args[0] else None), args[1:]
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        print("usage: python -m launcher.shim [--pass_local_rank] -- COMMAND [ARGS]", file=sys.stderr)
+        print("usage: python -m launcher.shim [--pass_local_rank[=K]] -- COMMAND [ARGS]", file=sys.stderr)
         return 2
     env = {**os.environ, **rank_vars(os.environ)}
     env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
     if pass_local_rank:
-        args.append(f"--local_rank={env['LOCAL_RANK']}")
+        args.insert(len(args) if at is None else at, f"--local_rank={env['LOCAL_RANK']}")
     os.execvpe(args[0], args, env)
     return 127  # not reached
 

@@ -108,7 +108,7 @@ def test_num_gpus_2_without_gpus_runs_two_cpu_ranks(tmp_path: Path) -> None:
     out = run("--num_gpus", "2", "--config", "ds.json", "--master_port", "auto", "--log_dir", "logs", "--ranks", "1",
               "--pass_local_rank", str(SCRIPTS / "allreduce.py"), "a b", "$HOME", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "[localhost:1] rank 1/2 local 1 node 0 sum 3 args ['a b', '$HOME', '--local_rank=1'] cvd None " \
+    assert "[localhost:1] rank 1/2 local 1 node 0 sum 3 args ['--local_rank=1', 'a b', '$HOME'] cvd None " \
         f"config {tmp_path / 'ds.json'}" in out.stdout
     assert "[localhost:0]" not in out.stdout  # --ranks 1 filters the console, not the logs
     assert "rank 0/2 local 0" in (tmp_path / "logs" / "rank0.log").read_text()

@@ -32,7 +32,7 @@ def test_four_rank_gloo_job_over_two_nodes(sshd: SshServer, tmp_path: Path, laun
     assert out.returncode == 0, out.stdout + out.stderr
     for rank, (node, local) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         host = ("127.0.0.2", "127.0.0.3")[node]
-        assert f"[{host}:{rank}] rank {rank}/4 local {local} node {node} sum 10 args {TRICKY!r} cvd None" in out.stdout
+        assert f"[{host}:{rank}] rank {rank}/4 local {local} node {node} sum 10 args {[f'--local_rank={local}', *TRICKY]!r} cvd None" in out.stdout
     assert not (tmp_path / ".zerorun").exists()  # pdsh's 0600 plan files are deleted
 
 

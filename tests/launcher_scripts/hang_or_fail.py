@@ -9,6 +9,7 @@ import sys
 import time
 
 p = argparse.ArgumentParser()
+p.add_argument("--local_rank", type=int)  # passed by the launcher, as DeepSpeed's does
 p.add_argument("--pid_dir", required=True)
 p.add_argument("--fail_rank", type=int, default=-1)
 p.add_argument("--exit_code", type=int, default=7)

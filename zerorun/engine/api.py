@@ -44,12 +44,30 @@ _FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add ``--deepspeed``, ``--deepspeed_config`` and ``--config`` (as DeepSpeed's helper does)."""
+    """Add ``--deepspeed``, ``--deepspeed_config`` (alias ``--config``) and ``--local_rank``, as DeepSpeed's helper does.
+
+    Flags the parser already has are left to it: most DeepSpeed scripts declare their own
+    ``--local_rank`` (and some a ``--config`` of their own), which would otherwise clash.
+    """
+    have = parser._option_string_actions  # argparse's own registry of the option strings taken
+
+    def free(*flags: str) -> list[str]:
+        return [f for f in flags if f not in have]
+
     group = parser.add_argument_group("zerorun", "zerorun / DeepSpeed configuration")
-    group.add_argument("--deepspeed", default=False, action="store_true",
-                       help="enable the engine (accepted for DeepSpeed compatibility; always on)")
-    group.add_argument("--deepspeed_config", "--config", dest="deepspeed_config", default=None, type=str,
-                       help="engine config file (JSON or YAML, DeepSpeed keys)")
+    if flags := free("--deepspeed"):
+        group.add_argument(*flags, default=False, action="store_true",
+                           help="enable the engine (accepted for DeepSpeed compatibility; always on)")
+    if flags := free("--deepspeed_config", "--config"):
+        group.add_argument(*flags, dest="deepspeed_config", default=None, type=str,
+                           help="engine config file (JSON or YAML, DeepSpeed keys)")
+    if flags := free("--deepscale"):  # DeepSpeed's deprecated names
+        group.add_argument(*flags, default=False, action="store_true", help=argparse.SUPPRESS)
+    if flags := free("--deepscale_config"):
+        group.add_argument(*flags, default=None, type=str, help=argparse.SUPPRESS)
+    if (flags := free("--local_rank", "--local-rank")) and len(flags) == 2:
+        group.add_argument(*flags, type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
+                           help="set by launchers that pass it as a flag")
     return parser
 
 
@@ -67,7 +85,7 @@ def resolve_config_source(config: Any, args: Any = None) -> Any:
     """The config to load: explicit > ``args`` > ``$ZERORUN_CONFIG`` > ``--config`` in sys.argv."""
     if config is not None:
         return config
-    for attr in ("deepspeed_config", "config"):
+    for attr in ("deepspeed_config", "config", "deepscale_config"):
         value = getattr(args, attr, None) if args is not None else None
         if isinstance(value, (str, Path, dict)):
             return value
