@@ -29,6 +29,7 @@ def get_argument_parser():
     parser.add_argument("--beta1", type=float, default=0.5, help="beta1 for adam. default=0.5")
     parser.add_argument("--manualSeed", type=int, default=999, help="manual seed")
     parser.add_argument("--out_dir", type=str, default=".", help="where each rank writes its losses")
+    parser.add_argument("--local_rank", type=int, default=-1, help="local rank passed from distributed launcher")
     return parser
 
 
@@ -100,8 +101,6 @@ def train(args):
 def main():
     parser = get_argument_parser()
     parser = deepspeed.add_config_arguments(parser)
-    # Absorb a possible `local_rank` arg from the launcher.
-    parser.add_argument("--local_rank", type=int, default=-1, help="local rank passed from distributed launcher")
     args = parser.parse_args()
     train(args)
 
