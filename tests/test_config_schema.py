@@ -26,7 +26,7 @@ def test_defaults_are_deepspeeds() -> None:
     assert zero.offload_optimizer.device == zero.offload_param.device == "none"
     assert zero.overlap_comm is False  # derived: false below stage 3
     assert cfg.fp16.loss_scale == 0.0 and cfg.fp16.initial_scale_power == 16 and cfg.fp16.hysteresis == 2
-    assert cfg.gradient_clipping == 0.0 and cfg.steps_per_print == 10 and cfg.optimizer is None
+    assert cfg.gradient_clipping == 1.0 and cfg.steps_per_print == 10 and cfg.optimizer is None
     assert load_config({"zero_optimization": {"stage": 3}}).zero_optimization.overlap_comm is True
 
 

@@ -1,12 +1,20 @@
-"""DeepSpeed top-level blocks that zerorun does not implement.
+"""DeepSpeed top-level keys that zerorun does not implement, judged as DeepSpeed would use them.
 
-Monitoring blocks are accepted (a warning says they have no effect) so that an
-existing ``ds_config.json`` still loads; blocks that would change what training
-computes are errors, because silently ignoring them would train something else.
+A real ``ds_config.json`` should load when zerorun would train the same thing, and fail
+with one error naming the feature when it would not:
+
+* ``IGNORED``: logging, tooling or transport details; accepted with a "no effect" warning.
+* ``FEATURES``: blocks that change what is trained. As in DeepSpeed they are off unless
+  enabled (every one of their ``enabled`` flags defaults to false), so a disabled or
+  empty block loads with a warning; an enabled one is an error naming the feature.
+* ``MODULE_ONLY``: settings read only by DeepSpeed modules zerorun does not have
+  (``deepspeed.pipe``, sparse attention), which fail on import themselves; a warning.
+* ``EXACT``: keys whose DeepSpeed default is zerorun's behaviour; any other value errs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from zerorun.config.problems import Problem, Severity
@@ -20,47 +28,97 @@ IGNORED = (
     "dump_state",
     "autotuning",
     "dataloader_drop_last",
+    "timers",
+    "nebula",
+    "vocabulary_size",
+    "disable_allgather",
+    "sparse_gradients",  # the reduced values are the same; zerorun reduces them dense
+    "use_data_before_expert_parallelism",
+    "seq_parallel_communication_data_type",
+    "cuda_visible_devices",  # not a DeepSpeed key (it ignores unknown top-level keys); seen in example configs
 )
-"""Accepted with a warning: they only affect logging or tooling."""
+"""Accepted with a warning: they only affect logging, tooling or how values travel."""
 
-UNSUPPORTED = (
-    "elasticity",
-    "pipeline",
-    "sparse_attention",
-    "compression_training",
-    "data_efficiency",
-    "curriculum_learning",
-    "tensor_parallel",
-    "sequence_parallel_size",
-    "hybrid_engine",
-    "moe",
-    "zenflow",
-    "compile",
-)
-"""Errors: zerorun cannot honour them."""
+
+def _enabled_anywhere(value: Any) -> bool:
+    if isinstance(value, dict):
+        return value.get("enabled") is True or any(_enabled_anywhere(v) for v in value.values())
+    return False
+
+
+def _size_above_one(*path: str) -> Callable[[Any], bool]:
+    def on(value: Any) -> bool:
+        for key in path:
+            value = value.get(key, 0) if isinstance(value, dict) else 0
+        return isinstance(value, (int, float)) and value > 1
+
+    return on
+
+
+FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "elasticity": ("elastic training", _enabled_anywhere),
+    "data_efficiency": ("data efficiency (curriculum sampling, random-LTD)", _enabled_anywhere),
+    "curriculum_learning": ("curriculum learning", _enabled_anywhere),
+    "compression_training": ("compression training", _enabled_anywhere),
+    "hybrid_engine": ("hybrid (RLHF) engine", _enabled_anywhere),
+    "quantize_training": ("quantization-aware training", _enabled_anywhere),
+    "eigenvalue": ("eigenvalue computation", _enabled_anywhere),
+    "progressive_layer_drop": ("progressive layer drop", _enabled_anywhere),
+    "weight_quantization": ("weight quantization", _enabled_anywhere),
+    "torch_autocast": ("torch.autocast mixed precision (use the bf16 or fp16 block)", _enabled_anywhere),
+    "compile": ("DeepCompile", lambda v: isinstance(v, dict) and v.get("deepcompile") is True),
+    "tensor_parallel": ("tensor parallelism (AutoTP)",
+                        lambda v: _size_above_one("autotp_size")(v) or _size_above_one("tp", "tp_size")(v)),
+    "sequence_parallel_size": ("sequence parallelism (Ulysses)", lambda v: isinstance(v, int) and v > 1),
+    "moe": ("mixture of experts", lambda v: True),
+    "zenflow": ("ZenFlow", lambda v: True),
+}
+"""Key -> (feature, is it on?): an error when on, a warning when off."""
+
+MODULE_ONLY = {"pipeline": "deepspeed.pipe", "sparse_attention": "DeepSpeed's sparse attention modules"}
+
+EXACT: dict[str, tuple[Any, str]] = {
+    "gradient_allreduce_op": ("mean", "gradients are averaged over ranks"),
+    "managed_gradient_accumulation": (True, "the engine counts micro-steps to find the accumulation boundary"),
+}
+
+
+def _feature_problem(key: str, value: Any) -> Problem:
+    feature, is_on = FEATURES[key]
+    if not is_on(value):
+        return Problem(key, f"is DeepSpeed's {feature}, which zerorun does not have (disabled here, so ignored)",
+                       severity=Severity.WARNING)
+    return Problem(key, f"enables DeepSpeed's {feature}, which zerorun does not implement; "
+                        "remove the block or disable it")
+
+
+def _data_types_problem(value: Any) -> Problem | None:
+    set_keys = [k for k, v in value.items() if v is not None] if isinstance(value, dict) else ["(the block)"]
+    if not set_keys:
+        return None
+    return Problem(f"data_types.{set_keys[0]}", "is not supported: zerorun keeps gradients and parameters in the "
+                                                "dtypes its precision block implies; remove data_types")
 
 
 def strip_compat(data: dict[str, Any]) -> list[Problem]:
-    """Remove DeepSpeed-only blocks from ``data`` (a copy the caller owns); report them."""
+    """Remove DeepSpeed-only keys from ``data`` (a copy the caller owns); report them."""
     problems = []
     for key in IGNORED:
         if key in data:
             del data[key]
-            problems.append(
-                Problem(key, "is a DeepSpeed key that zerorun accepts but ignores", severity=Severity.WARNING)
-            )
-    for key in UNSUPPORTED:
+            problems.append(Problem(key, "is a DeepSpeed key that zerorun accepts but ignores",
+                                    severity=Severity.WARNING))
+    for key in FEATURES:
         if key in data:
-            value = data.pop(key)
-            off = isinstance(value, dict) and value.get("enabled") is False
-            if off:
-                problems.append(
-                    Problem(
-                        key,
-                        "is a DeepSpeed feature zerorun does not have (disabled here, so ignored)",
-                        severity=Severity.WARNING,
-                    )
-                )
-            else:
-                problems.append(Problem(key, "is a DeepSpeed feature zerorun does not support; remove it"))
+            problems.append(_feature_problem(key, data.pop(key)))
+    for key, module in MODULE_ONLY.items():
+        if key in data:
+            del data[key]
+            problems.append(Problem(key, f"is read only by {module}, which zerorun does not implement "
+                                         "(importing it raises); ignored", severity=Severity.WARNING))
+    for key, (wanted, why) in EXACT.items():
+        if key in data and (value := data.pop(key)) != wanted:
+            problems.append(Problem(key, f"{value!r} is not supported: {why} (DeepSpeed's default {wanted!r})"))
+    if "data_types" in data and (problem := _data_types_problem(data.pop("data_types"))) is not None:
+        problems.append(problem)
     return problems

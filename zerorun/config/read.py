@@ -1,7 +1,8 @@
 """Reading a config source (a JSON or YAML file, or a dict) into a plain dict.
 
 Duplicate keys are errors (the later value would silently win). A malformed file
-is reported with its name, line and column. YAML follows YAML 1.1 as PyYAML does,
+is reported with its name, line and column. JSON may carry ``//`` and ``/* */``
+comments and a UTF-8 byte-order mark, as DeepSpeed (which reads hjson) allows. YAML follows YAML 1.1 as PyYAML does,
 except that ``5e8`` (no dot) is read as the number DeepSpeed users mean, not a string.
 """
 
@@ -67,11 +68,46 @@ def _malformed(origin: str, line: int | None, column: int | None, message: str, 
     return ConfigError(origin, [Problem("", text)], hint=hint)
 
 
+def strip_json_comments(text: str) -> str:
+    """``text`` with ``//`` and ``/* */`` comments outside strings blanked (newlines kept, so
+    error positions still point at the right line and column)."""
+    out: list[str] = []
+    i, n, in_string = 0, len(text), False
+    while i < n:
+        c = text[i]
+        if in_string:
+            out.append(c)
+            if c == "\\" and i + 1 < n:
+                out.append(text[i + 1])
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif text.startswith("//", i) or text.startswith("#", i):
+            end = text.find("\n", i)
+            end = n if end < 0 else end
+            out.append(" " * (end - i))
+            i = end
+            continue
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:end]))
+            i = end
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
     """Parse config text; JSON when ``is_json`` else YAML (a superset for our purposes)."""
     try:
         if is_json:
-            return json.loads(text, object_pairs_hook=_json_pairs)
+            return json.loads(strip_json_comments(text), object_pairs_hook=_json_pairs)
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as dup:
         line = dup.line or (_line_of_second(text, dup.key) if is_json else None)
@@ -129,8 +165,8 @@ def _read_file(path: Path) -> Any:
         raise ConfigError(
             str(path), [problem], hint="check the path (relative paths start at the working directory)"
         )
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8-sig")  # -sig: a leading byte-order mark is dropped
     is_json = path.suffix.lower() == ".json" or (
-        path.suffix.lower() not in (".yaml", ".yml") and text.lstrip().startswith("{")
+        path.suffix.lower() not in (".yaml", ".yml") and strip_json_comments(text).lstrip().startswith("{")
     )
     return parse_text(text, str(path), is_json=is_json)

@@ -7,9 +7,10 @@ invalid (its value then is only a stand-in default, and the rule would report no
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
-from zerorun.config.problems import ConfigError, Problem, Severity
+from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
 from zerorun.config.schema_zero import STAGE3_ONLY_KEYS, ZeroConfig
@@ -143,23 +144,18 @@ def check_rules(cfg: ZerorunConfig, given: frozenset[str], invalid: frozenset[st
 def check_client_optimizer(
     cfg: ZerorunConfig, has_client_optimizer: bool, client_optimizer_name: str | None = None
 ) -> None:
-    """Raise ``ConfigError`` when a client optimizer conflicts with the config.
+    """Check a client optimizer against the config (the engine calls this in ``initialize``).
 
-    The engine calls this in ``initialize``: a client optimizer and a config
-    ``optimizer`` block together are ambiguous (DeepSpeed silently prefers one); an
-    optimizer class zerorun has not been tested with needs
-    ``zero_allow_untested_optimizer: true`` under ZeRO (stage >= 1).
+    A client optimizer and a config ``optimizer`` block together: the client's is used,
+    as DeepSpeed does, with a ``ConfigWarning`` saying the block is ignored (DeepSpeed is
+    silent). An optimizer class zerorun has not been tested with needs
+    ``zero_allow_untested_optimizer: true`` under ZeRO (stage >= 1): ``ConfigError``.
     """
     if has_client_optimizer and cfg.optimizer is not None:
-        problem = Problem(
-            "optimizer",
-            f"the config names an optimizer ({cfg.optimizer.type}) and initialize() was also given one",
-        )
-        raise ConfigError(
-            "initialize",
-            [problem],
-            hint="remove the config's optimizer block, or do not pass optimizer= to initialize()",
-        )
+        warnings.warn(ConfigWarning(
+            f"initialize: optimizer: the config's optimizer block ({cfg.optimizer.type}) is ignored: "
+            f"initialize() was given an optimizer ({client_optimizer_name or 'a client optimizer'}), which is "
+            "used, as DeepSpeed does (remove one of the two to silence this)"), stacklevel=3)
     untested = client_optimizer_name is not None and client_optimizer_name not in OPTIMIZERS
     if (
         has_client_optimizer

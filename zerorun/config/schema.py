@@ -50,8 +50,9 @@ class ZerorunConfig(Block):
         description='Micro batches accumulated per optimizer step (1 when it cannot be derived). "auto": derived.',
     )
     gradient_clipping: NonNegFloat = Field(
-        0.0,
-        description="Clip the global gradient norm to this value; 0 disables clipping. DeepSpeed >= 0.19.3 defaults to 1.0.",
+        1.0,
+        description="Clip the global gradient norm to this value; 0 disables clipping. "
+                    "Default 1.0 when the key is absent, as DeepSpeed >= 0.19.3 (it was 0.0 before).",
     )
     steps_per_print: StepsOrNever = Field(
         10, description="Log loss, learning rate and throughput every this many steps (Infinity: never)."

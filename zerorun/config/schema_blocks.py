@@ -27,11 +27,18 @@ from zerorun.config.values import (
 OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop")
 """Optimizer ``type`` values: the ``torch.optim`` classes (DeepSpeed matches them case-insensitively)."""
 
+UNSUPPORTED_OPTIMIZERS = {
+    "lamb": "Lamb optimizer", "fusedlamb": "Lamb optimizer", "onebitadam": "1-bit Adam optimizer",
+    "zerooneadam": "0/1 Adam optimizer", "onebitlamb": "1-bit Lamb optimizer", "lion": "Lion optimizer",
+    "muon": "Muon optimizer", "muadam": "MuAdam optimizer", "muadamw": "MuAdamW optimizer", "musgd": "MuSGD optimizer",
+}
+"""DeepSpeed's optimizer ``type`` names (lower case) that zerorun does not implement, and what they are."""
+
 SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
 """Scheduler ``type`` values, DeepSpeed's names."""
 
 
-def _named(kind: str, names: tuple[str, ...]) -> Any:
+def _named(kind: str, names: tuple[str, ...], unsupported: dict[str, str] | None = None) -> Any:
     """A validator for a type name matched case-insensitively, returned in canonical spelling."""
 
     def check(value: Any) -> str:
@@ -40,6 +47,9 @@ def _named(kind: str, names: tuple[str, ...]) -> Any:
         for name in names:
             if name.lower() == value.lower():
                 return name
+        if unsupported and value.lower() in unsupported:
+            raise fail(f"{show(value)} is DeepSpeed's {unsupported[value.lower()]}, which zerorun does not "
+                       f"implement; use one of {', '.join(names)}, or pass your own optimizer to initialize()")
         suggestion = did_you_mean(value, names, case_insensitive=True)
         hint = f" (did you mean {suggestion}?)" if suggestion else ""
         raise fail(f"unknown {kind} {show(value)}{hint}; known: {', '.join(names)}")
@@ -99,7 +109,7 @@ class AmpConfig(Block):
 class OptimizerConfig(Block):
     """The optimizer the engine builds over the rank's shard (``torch.optim`` class and kwargs)."""
 
-    type: Annotated[str, BeforeValidator(_named("optimizer", OPTIMIZERS))] = Field(
+    type: Annotated[str, BeforeValidator(_named("optimizer", OPTIMIZERS, UNSUPPORTED_OPTIMIZERS))] = Field(
         description=f"One of {', '.join(OPTIMIZERS)} (case-insensitive)."
     )
     params: dict[str, Any] = Field(

@@ -218,9 +218,18 @@ class Engine(DeepSpeedSurface):
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False) -> tuple[str, dict[str, Any]]:
-        """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``."""
+                        load_module_only: bool = False, custom_load_fn: Any = None,
+                        load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:
+        """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``.
+
+        The global RNG states saved with it are restored only with ``load_rng_state=True``
+        (DeepSpeed does not restore them).
+        """
         from zerorun.engine.checkpoint import load_checkpoint
 
+        if custom_load_fn is not None:
+            from zerorun.compat.unsupported import unsupported
+
+            unsupported("load_checkpoint(custom_load_fn=...)")
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only, strict=load_module_strict)
+                               load_module_only, strict=load_module_strict, load_rng_state=load_rng_state)

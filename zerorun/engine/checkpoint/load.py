@@ -111,10 +111,13 @@ def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, An
 
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                    load_module_only: bool = False, strict: bool = True) -> tuple[str, dict[str, Any]]:
+                    load_module_only: bool = False, strict: bool = True,
+                    load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:
     """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``.
 
     ``strict=False`` (DeepSpeed's ``load_module_strict``) skips parameters missing on either side.
+    The global RNG states saved with the checkpoint are restored only with ``load_rng_state``
+    (DeepSpeed never restores them, so by default the script's own seeding stands).
     """
     path = resolve(Path(load_dir), tag)
     manifest = read_manifest(path)
@@ -133,6 +136,6 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
     if (path / EXTRA).is_file():
         engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True), strict=False)
     if not load_module_only:
-        state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states)
+        state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)
     engine.parts.grad_sync.zero()
     return str(path), files[own].get("client_state", {})

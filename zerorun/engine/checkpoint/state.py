@@ -48,7 +48,8 @@ def capture(engine: Any) -> dict[str, Any]:
     }
 
 
-def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool) -> None:
+def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
+            rng_state: bool = False) -> None:
     counters = saved["counters"]
     engine.global_steps = counters["global_steps"]
     engine.micro_steps = counters["micro_steps"]
@@ -60,4 +61,5 @@ def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, schedule
     sched = engine.lr_scheduler
     if scheduler_states and sched is not None and saved["scheduler"] is not None:
         sched.load_state_dict(saved["scheduler"])
-    restore_rng(saved["rng"])
+    if rng_state:
+        restore_rng(saved["rng"])
