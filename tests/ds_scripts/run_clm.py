@@ -28,6 +28,8 @@ from transformers import (
 
 @dataclass
 class ModelArguments:
+    model_name_or_path: str | None = field(default=None, metadata={"help": "a local checkpoint to fine-tune; "
+                                                                    "default: a new model from the fields below"})
     n_layer: int = field(default=2, metadata={"help": "transformer blocks"})
     n_embd: int = field(default=32, metadata={"help": "hidden size"})
     n_head: int = field(default=2, metadata={"help": "attention heads"})
@@ -79,7 +81,10 @@ def main():
     config = GPT2Config(n_layer=model_args.n_layer, n_embd=model_args.n_embd, n_head=model_args.n_head,
                         vocab_size=model_args.vocab_size, n_positions=data_args.block_size,
                         bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    model = AutoModelForCausalLM.from_config(config)
+    if model_args.model_name_or_path:
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+    else:
+        model = AutoModelForCausalLM.from_config(config)
     n_params = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
     print(f"Training new model from scratch - Total size={n_params / 2**20:.2f}M params")
 
