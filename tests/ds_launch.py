@@ -1,4 +1,4 @@
-"""Run an unmodified DeepSpeed script under ``zerorun --as-deepspeed`` (imported by tests/test_ds_scripts*.py).
+"""Run an unmodified DeepSpeed script under ``zerorun --as_deepspeed`` (imported by tests/test_ds_scripts*.py).
 
 Each script writes ``losses_rank{r}.json`` (or, for the Trainer, ``log_history.json``) to
 the directory it is given; the launch has a hard timeout and its output is shown when it fails.
@@ -24,7 +24,7 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 def launch(script: str, *script_args: str, cwd: Path, world: int = 2, timeout: float = 150) -> str:
-    """``zerorun --as-deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
+    """``zerorun --as_deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
     argv = zerorun_argv("--as_deepspeed", "--num_gpus", str(world), "--master_port", "auto",
                         str(SCRIPTS / script), *script_args)
     proc = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)

@@ -1,4 +1,4 @@
-"""Real-shaped DeepSpeed scripts (tests/ds_scripts/) run with zero edits under `zerorun --as-deepspeed`.
+"""Real-shaped DeepSpeed scripts (tests/ds_scripts/) run with zero edits under `zerorun --as_deepspeed`.
 
 Each run is 2 CPU ranks on gloo, launched exactly as DeepSpeed's launcher would be
 (`--deepspeed --deepspeed_config ds.json`, `--local_rank` passed to the script), and its

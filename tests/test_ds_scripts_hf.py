@@ -1,10 +1,12 @@
-"""The Hugging Face path under `zerorun --as-deepspeed`: transformers' Trainer with `--deepspeed ds_config.json`
+"""The Hugging Face path under `zerorun --as_deepspeed`: transformers' Trainer with `--deepspeed ds_config.json`
 (HF-style "auto" values, filled in by the Trainer) at ZeRO stages 2 and 3, and accelerate's DeepSpeedPlugin.
 
 The Trainer's reference is the same script without DeepSpeed, in one process, with the
 global batch in one micro batch: accelerate shards a seeded sampler's batches across
-ranks, so both see the same samples at every step. Compared per step: the loss, the
-gradient norm before clipping, and the learning rate the Trainer logs.
+ranks, so both see the same samples at every step. Compared: the loss and the gradient
+norm before clipping the Trainer logs at every step, and the weights `save_model()` writes.
+Stage 3 starts from a saved checkpoint: zero.Init initializes a new model in another
+order than a plain build (rank 0, module by module), so only loaded weights are comparable.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ds_launch import ENV, SCRIPTS, launch, mean_over_ranks, rank_losses
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
+from safetensors.torch import load_file  # noqa: E402
+
 sys.path.insert(0, str(SCRIPTS))
 import reference  # noqa: E402
 
@@ -74,6 +78,11 @@ def test_trainer_matches_plain_trainer(tmp_path: Path, checkpoint: Path, config:
     assert [e["step"] for e in got] == list(range(1, STEPS + 1)), out[-3000:]
     for key, rel in (("loss", 1e-5), ("grad_norm", 1e-4)):
         assert [e[key] for e in got] == pytest.approx([e[key] for e in want], rel=rel, abs=1e-7), key
+    # trainer.save_model(): the full weights (gathered at stage 3) equal the reference's after the last step
+    saved, ref = (load_file(d / "model.safetensors") for d in (tmp_path, tmp_path / "ref"))
+    assert saved.keys() == ref.keys()
+    for name, tensor in ref.items():
+        torch.testing.assert_close(saved[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("stage", [2, 3])

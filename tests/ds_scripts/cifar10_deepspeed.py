@@ -9,12 +9,11 @@ import argparse
 import json
 import os
 
+import deepspeed
 import torch
 import torch.nn as nn
-from tiny_models import Net, synthetic_cifar
-
-import deepspeed
 from deepspeed.accelerator import get_accelerator
+from tiny_models import Net, synthetic_cifar
 
 
 def add_argument():
@@ -67,7 +66,7 @@ for epoch in range(args.epochs):
         losses.append(loss.item())
         running_loss += loss.item()
         if local_rank == 0 and i % args.log_interval == (args.log_interval - 1):
-            print("[%d, %5d] loss: %.3f" % (epoch + 1, i + 1, running_loss / args.log_interval))
+            print(f"[{epoch + 1}, {i + 1:5d}] loss: {running_loss / args.log_interval:.3f}")
             running_loss = 0.0
 
 rank = torch.distributed.get_rank()

@@ -11,13 +11,12 @@ import json
 import os
 import random
 
+import deepspeed
 import numpy as np
 import torch
 import torch.nn as nn
-from tiny_models import NZ, Discriminator, Generator, synthetic_cifar, weights_init
-
-import deepspeed
 from deepspeed.accelerator import get_accelerator
+from tiny_models import NZ, Discriminator, Generator, synthetic_cifar, weights_init
 
 
 def get_argument_parser():
@@ -91,8 +90,7 @@ def train(args):
             model_engineG.step()
 
             losses.append([errD.item(), errG.item()])
-            print("[%d/%d][%d/%d] Loss_D: %.4f Loss_G: %.4f"
-                  % (epoch, args.epochs, i, len(dataloader), errD.item(), errG.item()))
+            print(f"[{epoch}/{args.epochs}][{i}/{len(dataloader)}] Loss_D: {errD.item():.4f} Loss_G: {errG.item():.4f}")
     rank = torch.distributed.get_rank()
     with open(os.path.join(args.out_dir, f"losses_rank{rank}.json"), "w") as f:
         json.dump({"losses": losses}, f)

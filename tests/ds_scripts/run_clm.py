@@ -92,6 +92,7 @@ def main():
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,
                       data_collator=default_data_collator)
     train_result = trainer.train()
+    trainer.save_model()  # Saves the tokenizer too for easy upload
     metrics = train_result.metrics
     metrics["train_samples"] = len(train_dataset)
     trainer.log_metrics("train", metrics)

@@ -12,11 +12,10 @@ import argparse
 import json
 import os
 
+import deepspeed
 import torch
 import torch.distributed as dist
 from tiny_models import TinyMLM, mlm_batch
-
-import deepspeed
 
 
 def is_rank_0() -> bool:

@@ -7,9 +7,9 @@ Attribute names are DeepSpeed's keys so that engine code reads like DeepSpeed's 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from zerorun.config.schema_blocks import (
     ActivationCheckpointingConfig,
@@ -101,3 +101,11 @@ class ZerorunConfig(Block):
     zero_force_ds_cpu_optimizer: Bool = Field(
         True, description="Accepted for compatibility; zerorun steps any torch optimizer on offloaded shards."
     )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A top-level key read as from a dict: DeepSpeed's ``engine.config`` is the config dict, and
+        integrations read it so (``engine.config.get("zero_optimization", {}).get("stage")``)."""
+        if key not in type(self).model_fields:
+            return default
+        value = getattr(self, key)
+        return value.model_dump() if isinstance(value, BaseModel) else value

@@ -42,19 +42,23 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
     return out
 
 
-def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
-                     exclude_frozen_parameters: bool = False) -> bool:
+def consolidated_state_dict(engine: Any, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+    """The full state dict in the compute dtype, on CPU, on every rank (a collective at stage 3)."""
     zero = engine.config.zero_optimization
     if engine.zero_stage == 3:
         if not zero.stage3_gather_16bit_weights_on_model_save:
-            raise EngineError("save_16bit_model at stage 3 needs the parameters gathered, which the config "
+            raise EngineError("saving the 16-bit model at stage 3 needs the parameters gathered, which the config "
                               "does not allow",
                               "set zero_optimization.stage3_gather_16bit_weights_on_model_save: true "
                               "(or save a checkpoint and consolidate it)")
-        state = _gathered_state_dict(engine.module, exclude_frozen_parameters)
-    else:
-        state = {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()
-                 if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
+        return _gathered_state_dict(engine.module, exclude_frozen_parameters)
+    return {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()
+            if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
+
+
+def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
+                     exclude_frozen_parameters: bool = False) -> bool:
+    state = consolidated_state_dict(engine, exclude_frozen_parameters)
     if engine.ctx.rank == 0:
         path = Path(save_dir) / save_filename
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 """``deepspeed.runtime.zero.partition_parameters`` -> :mod:`zerorun.compat.params`."""
 
 from zerorun.compat.params import *  # noqa: F403
-from zerorun.zero import GatheredParameters, Init  # noqa: F401
 from zerorun.compat.tensor_constructors import (  # noqa: F401  names transformers patches around zero.Init
     _orig_torch_arange,
     _orig_torch_empty,
@@ -10,3 +9,4 @@ from zerorun.compat.tensor_constructors import (  # noqa: F401  names transforme
     _orig_torch_zeros,
     zero_wrapper_for_fp_tensor_constructor,
 )
+from zerorun.zero import GatheredParameters, Init  # noqa: F401
