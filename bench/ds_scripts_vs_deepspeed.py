@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,12 @@ def _read_losses(out: Path) -> list[float]:
     return [sum(vals) / len(vals) for vals in zip(*flat, strict=True)]
 
 
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def run_case(system: str, launcher: list[str], env: dict[str, str], script: str, args: list[str],
              config: dict[str, Any] | None, timeout: float) -> tuple[list[float] | None, str]:
     with tempfile.TemporaryDirectory(prefix=f"{system}-") as tmp:
@@ -75,7 +82,9 @@ def run_case(system: str, launcher: list[str], env: dict[str, str], script: str,
         cfg = out / "ds_config.json"
         if config is not None:
             cfg.write_text(json.dumps(config))
-        argv = [*launcher, str(SCRIPTS / script), *(a.format(cfg=cfg, out=out) for a in args)]
+        port = _free_port()  # DeepSpeed's launcher would take 29500 and collide with any other job there
+        argv = [*(a.format(port=port) for a in launcher), str(SCRIPTS / script),
+                *(a.format(cfg=cfg, out=out) for a in args)]
         try:
             proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -95,7 +104,7 @@ def main() -> None:
     base = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
     ds_bin = ns.ds_venv.resolve() / "bin"
     systems = {
-        "deepspeed": ([str(ds_bin / "deepspeed"), "--num_gpus", "2"],
+        "deepspeed": ([str(ds_bin / "deepspeed"), "--num_gpus", "2", "--master_port", "{port}"],
                       {**base, "PATH": f"{ds_bin}:{base['PATH']}"}),  # its JIT ops cache keys on the ninja found
         "zerorun": ([sys.executable, "-m", "zerorun.cli", "--as_deepspeed", "--num_gpus", "2",
                      "--master_port", "auto"], base),

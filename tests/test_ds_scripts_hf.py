@@ -30,8 +30,7 @@ import reference  # noqa: E402
 WORLD, MICRO, STEPS = 2, 2, 5
 pytestmark = pytest.mark.timeout(300)
 TRAINER_ARGS = ("--max_steps", str(STEPS), "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
-                "--learning_rate", "3e-3", "--warmup_steps", "2", "--weight_decay", "0.01", "--seed", "7",
-                "--num_samples", "40")
+                "--learning_rate", "3e-3", "--warmup_steps", "2", "--seed", "7", "--num_samples", "40")
 # Without a GPU, accelerate starts a multi-process DeepSpeed run only from a state the script configured
 # itself (run_clm.py's cpu_deepspeed_state); the Trainer must then be told to use it.
 CPU_STATE = ("--accelerator_config", json.dumps({"use_configured_state": True}))
@@ -69,6 +68,9 @@ def test_trainer_matches_plain_trainer(tmp_path: Path, checkpoint: Path, config:
     zero3: from_pretrained under zero.Init, the config's AdamW with "auto" params, the Trainer's scheduler
     handed to the engine (stepped by it)."""
     model_args = ("--model_name_or_path", str(checkpoint)) if start == "pretrained" else ()
+    # DeepSpeed builds the config's AdamW over one parameter group, so every parameter decays; the
+    # Trainer's own AdamW spares biases and LayerNorm weights. Decay only where both agree.
+    model_args += ("--weight_decay", "0.01" if config == "ds_config_zero2.json" else "0.0")
     (tmp_path / "ref").mkdir()
     want = _reference(tmp_path / "ref", *model_args)
     out = launch("run_clm.py", "--deepspeed", str(SCRIPTS / config), "--output_dir", str(tmp_path),
@@ -78,11 +80,14 @@ def test_trainer_matches_plain_trainer(tmp_path: Path, checkpoint: Path, config:
     assert [e["step"] for e in got] == list(range(1, STEPS + 1)), out[-3000:]
     for key, rel in (("loss", 1e-5), ("grad_norm", 1e-4)):
         assert [e[key] for e in got] == pytest.approx([e[key] for e in want], rel=rel, abs=1e-7), key
-    # trainer.save_model(): the full weights (gathered at stage 3) equal the reference's after the last step
+    # trainer.save_model(): the full weights (gathered at stage 3; the tied head saved once) equal the
+    # reference's. atol: one Adam step moves a weight by ~lr = 3e-3, so a lost or repeated step shows;
+    # the attention key bias has a (mathematically) zero gradient whose rounding noise Adam amplifies
+    # to ~2e-6, which rules out a tighter bound.
     saved, ref = (load_file(d / "model.safetensors") for d in (tmp_path, tmp_path / "ref"))
     assert saved.keys() == ref.keys()
     for name, tensor in ref.items():
-        torch.testing.assert_close(saved[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=5e-5, msg=name)
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -9,13 +9,22 @@ import torch
 
 def clone_tensors_for_torch_save(item: Any, device: torch.device | str = "cpu") -> Any:
     """``item`` with every tensor cloned (detached) to ``device``, so a saved file holds only what it shows:
-    a view would otherwise save its whole flat buffer. Lists, tuples and dicts are walked."""
+    a view would otherwise save its whole flat buffer. Lists, tuples and dicts are walked; a tensor met
+    twice (tied weights) is cloned once, so savers still see the two names share it."""
+    return _clone(item, torch.device(device), {})
+
+
+def _clone(item: Any, device: torch.device, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
     if torch.is_tensor(item):
-        return item.detach().clone().to(device)
+        # state_dict() detaches each name anew: the same memory viewed the same way is the same tensor
+        key = (item.data_ptr(), item.dtype, tuple(item.shape), item.stride(), item.device)
+        if key not in seen:
+            seen[key] = item.detach().clone().to(device)
+        return seen[key]
     if isinstance(item, (list, tuple)):
-        return type(item)(clone_tensors_for_torch_save(v, device) for v in item)
+        return type(item)(_clone(v, device, seen) for v in item)
     if isinstance(item, dict):
-        return type(item)((k, clone_tensors_for_torch_save(v, device)) for k, v in item.items())
+        return type(item)((k, _clone(v, device, seen)) for k, v in item.items())
     return item
 
 

@@ -24,16 +24,20 @@ from zerorun.engine.partition import bucket_of
 
 def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    for prefix, m in module.named_modules():
+    copies: dict[int, torch.Tensor] = {}  # a tied parameter is one tensor under both names, as in state_dict()
+    for prefix, m in module.named_modules(remove_duplicate=False):
         head = f"{prefix}." if prefix else ""
         for name, p in m._parameters.items():
             if p is None or (exclude_frozen and not p.requires_grad):
+                continue
+            if id(p) in copies:
+                out[head + name] = copies[id(p)]
                 continue
             b = bucket_of(p)
             was_sharded = b is not None and b.state is not ParamState.GATHERED
             if was_sharded:
                 b.gather()
-            out[head + name] = p.detach().clone().cpu()
+            out[head + name] = copies[id(p)] = p.detach().clone().cpu()
             if was_sharded:
                 b.release()
         for name, buf in m._buffers.items():
