@@ -125,6 +125,7 @@ def main() -> None:
     while step < args.steps:
         loader.sampler.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(engine.device), y.to(engine.device)  # the rank's GPU (or the CPU on gloo)
             logits = engine(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
             engine.backward(loss)
@@ -134,7 +135,7 @@ def main() -> None:
             if micro % engine.gradient_accumulation_steps():
                 continue
             if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
-                print(f"step {step:3d}  loss {sum(window) / len(window):.4f}", flush=True)
+                print(f"step {step + 1:3d}  loss {sum(window) / len(window):.4f}", flush=True)
             if (step + 1) % args.print_every == 0:
                 window.clear()
             step += 1

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zerorun
+from zerorun.engine.figures import format_memory
 
 
 class Block(nn.Module):
@@ -75,17 +76,18 @@ def main() -> None:
     for step in range(args.steps):
         for k in range(gas):
             x, y = batch(step * gas + k, rank, world, micro, args.hidden, teacher)
+            x, y = x.to(engine.device), y.to(engine.device)  # the rank's GPU (or the CPU on gloo)
             loss = F.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()
             window.append(loss.item())
         if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
             mean = sum(window) / len(window)
-            print(f"step {step:3d}  loss {mean:.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+            print(f"step {step + 1:3d}  loss {mean:.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
         if (step + 1) % args.print_every == 0:
             window.clear()
     if rank == 0:
-        print(f"memory per rank (bytes): {engine.memory_breakdown()}", flush=True)
+        print(f"memory per rank: {format_memory(engine.memory_breakdown())}", flush=True)
 
 
 if __name__ == "__main__":

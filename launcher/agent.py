@@ -151,6 +151,7 @@ class Agent:
             self.stop("the launcher is gone (stdin closed)")
 
     def _reap(self) -> None:
+        failed: list[tuple[RankProcess, int]] = []
         for rp in self.ranks:
             rc = rp.proc.poll()
             if rc is None or rp.state.done:
@@ -161,8 +162,13 @@ class Agent:
                 rp.state = transition(rp.state, RankState.SUCCEEDED)
             else:
                 rp.state = transition(rp.state, RankState.FAILED)
-                if self.failure is None:
-                    self._report_failure(rp, rc)
+                failed.append((rp, rc))
+        # A rank killed by a signal takes its peers down with it: they fail in their next
+        # collective milliseconds later, often within the same poll. The death by signal
+        # is then the root cause, whatever the rank order.
+        failed.sort(key=lambda item: item[1] >= 0)
+        if failed and self.failure is None:
+            self._report_failure(*failed[0])
 
     def _report_failure(self, rp: RankProcess, rc: int) -> None:
         status = exit_status(rc)

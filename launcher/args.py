@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 
 from launcher.errors import LaunchError
+from launcher.parser import LauncherParser
 from launcher.runners import RunnerKind
 
 EXAMPLES = """\
-examples:
+Examples:
   zerorun --num_gpus 2 train.py --lr 1e-3          2 ranks here (CPU ranks on gloo without GPUs)
   zerorun --hostfile hostfiles/two-nodes train.py   every slot of every host (pdsh, else ssh)
   zerorun -H hosts --include 'w1:0-3@w2' train.py   4 slots of w1 and all of w2
@@ -24,9 +25,10 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = LauncherParser(
         prog="zerorun", usage="zerorun [launcher options] SCRIPT [script args]",
-        description="Launch SCRIPT on this machine or on the hosts of a hostfile.",
+        description="Launch SCRIPT on this machine or on the hosts of a hostfile. Every flag takes - or _ "
+                    "alike (--num_gpus = --num-gpus); options end at SCRIPT, the rest is the script's.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
     )
     w = p.add_argument_group("where to run")
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("-i", "--include", help="keep only these hosts/slots, e.g. 'w1:0,1@w2' or 'w1:0-3'")
     w.add_argument("-e", "--exclude", help="drop these hosts/slots, e.g. 'w2' or 'w1:0'")
     w.add_argument("--num_nodes", type=int, help="use the first N hosts")
-    w.add_argument("--num_gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
+    w.add_argument("--num_gpus", "--gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
                    help="ranks per node (the first G slots); on a machine without GPUs, G CPU ranks")
     w.add_argument("--master_addr", help="address of rank 0's store (default: the first node; 127.0.0.1 locally)")
     w.add_argument("--master_port", default="29500", help="port of rank 0's store, or `auto` for a free local port (default 29500)")
@@ -66,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("watching the run")
     o.add_argument("--log_dir", help="also write each rank's output to DIR/rank<R>.log")
     o.add_argument("--ranks", help="show only these ranks on the console, e.g. '0' or '0,2-3' (logs keep all)")
+    o.add_argument("--max_restarts", type=int, default=0,
+                   help="after a failure, restart every rank up to N times (default 0); see --restart_backoff")
+    o.add_argument("--restart_backoff", type=float, default=1.0,
+                   help="seconds before the first restart, doubling for each next one (default 1)")
     o.add_argument("--kill_timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL at teardown (default 10)")
     o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour the [host:rank] prefixes")
     o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
@@ -78,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
     """``(launcher options + SCRIPT, script args)``: the first non-option token is SCRIPT."""
+    if isinstance(parser, LauncherParser):
+        parser.both_spellings()
     actions = parser._option_string_actions
     i = 0
     while i < len(argv):

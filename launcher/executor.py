@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from launcher.lifecycle import exit_status
+from launcher.lifeline import die_with_parent
 from launcher.plan import LaunchPlan
 from launcher.protocol import Command, decode_event
 from launcher.report import Failure
@@ -111,9 +112,12 @@ class Executor:
             assert cmd.payload_path is not None
             write_payload(cmd.payload_path, payload)
         stdin = subprocess.DEVNULL if cmd.payload is PayloadMode.NONE else subprocess.PIPE
+        # srun/mpirun hold no pipe to us that they would notice closing: if the launcher is
+        # killed they get SIGTERM instead and tear their job down
+        lifeline = die_with_parent(signal.SIGTERM) if cmd.payload is PayloadMode.NONE else None
         proc = subprocess.Popen(
             list(cmd.argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, **dict(cmd.env)}, start_new_session=True,
+            env={**os.environ, **dict(cmd.env)}, start_new_session=True, preexec_fn=lifeline,
         )
         run = NodeRun(cmd, proc)
         if cmd.payload is PayloadMode.STDIN:

@@ -112,6 +112,9 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> tuple[Host, ...]:
 def read_hostfile(path: str | Path) -> tuple[Host, ...]:
     """Read and parse the hostfile at ``path``; a missing file is an error."""
     p = Path(path)
+    if p.is_dir():
+        raise HostfileError(f"hostfile {str(path)!r} is a directory, not a file",
+                            "pass the file inside it, e.g. --hostfile hostfiles/two-nodes")
     if not p.is_file():
         raise HostfileError(
             f"hostfile {str(path)!r} does not exist",

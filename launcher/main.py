@@ -17,22 +17,22 @@ import uuid
 from pathlib import Path
 
 from launcher.affinity import available_cores, core_share
+from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
 from launcher.devices import gpu_count
 from launcher.display import dump_json, plan_json, plan_text
 from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
-from launcher.executor import Executor
 from launcher.filters import NodeSlots, check_exclusive, limit, select
 from launcher.hostfile import Host, find_hosts
 from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
 from launcher.preflight import preflight
-from launcher.report import format_report
-from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands
+from launcher.restarts import RestartPolicy, run_with_restarts
+from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 from zerorun.compat import ENV_VAR as COMPAT_ENV
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
-_DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+_DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed", "--config")
 
 
 def local_nodes(ns: argparse.Namespace) -> tuple[NodeSlots, ...]:
@@ -49,6 +49,8 @@ def resolve_nodes(ns: argparse.Namespace) -> tuple[tuple[NodeSlots, ...], bool]:
     """The selected nodes, and whether this machine alone runs the job (no hostfile)."""
     check_exclusive(ns.include, ns.exclude, ns.num_nodes, ns.num_gpus)
     hosts = find_hosts(ns.hostfile)
+    if hosts is None and ns.launcher == RunnerKind.SLURM.value and (not ns.dry_run or "SLURM_JOB_NODELIST" in os.environ):
+        hosts = allocation_hosts(os.environ, ns.num_gpus)  # inside salloc/sbatch the allocation is the hostfile
     if hosts is None:
         if ns.num_nodes is not None and ns.num_nodes > 1:
             raise FilterError(f"--num_nodes {ns.num_nodes} without a hostfile: only this machine is available",
@@ -89,8 +91,9 @@ def master_port(text: str) -> tuple[int, str | None]:
 def validate_config(path: str, world_size: int, flag: str) -> str:
     """Check the config file before any rank starts; return its absolute path."""
     p = Path(path)
-    if not p.is_file():
-        raise LaunchError(f"{flag} {path!r} does not exist", "check the path of the config file")
+    if p.is_dir() or not p.exists():
+        what = "is a directory, not a config file" if p.is_dir() else "does not exist"
+        raise LaunchError(f"{flag} {path!r} {what}", "check the path of the config file")
     try:
         from zerorun.config import load_config
     except ImportError:
@@ -100,18 +103,56 @@ def validate_config(path: str, world_size: int, flag: str) -> str:
     return str(p.resolve())
 
 
+def _flag_value(args: list[str], i: int) -> tuple[str, str | None]:
+    """``(flag, value)`` of ``args[i]``: ``--flag=value`` or ``--flag value`` (None: no value)."""
+    flag, eq, value = args[i].partition("=")
+    if eq:
+        return flag, value
+    following = args[i + 1] if i + 1 < len(args) else ""
+    return flag, following if following and not following.startswith("-") else None
+
+
+def _is_engine_config(path: str) -> bool:
+    """Whether an existing file given as the script's ``--config`` holds engine keys at all.
+
+    A script's ``--config`` may name its own file (a model config, say); only a file
+    with at least one top-level key of the engine's config is checked as one.
+    """
+    try:
+        from zerorun.config.read import read_source
+        from zerorun.config.schema import ZerorunConfig
+
+        raw, _ = read_source(path)
+    except Exception:  # unreadable or malformed: the engine reading it would fail the same way
+        return True
+    return bool(set(raw) & set(ZerorunConfig.model_fields))
+
+
 def script_configs(script_args: list[str]) -> list[tuple[str, str]]:
-    """``(flag, path)`` for each ``--deepspeed_config``/``--deepspeed`` FILE among the script's args."""
+    """``(flag, path)`` for each engine config among the script's args, as the engine finds them.
+
+    ``--deepspeed_config FILE`` (or ``=FILE``) always; ``--config``/``--deepspeed`` when
+    FILE ends in .json/.yaml/.yml (and, for an existing ``--config``, holds engine keys).
+    """
     found = []
-    for i, token in enumerate(script_args):
-        flag, eq, value = token.partition("=")
-        if flag not in _DS_CONFIG_FLAGS:
+    for i in range(len(script_args)):
+        flag, value = _flag_value(script_args, i)
+        if flag not in _DS_CONFIG_FLAGS or not value:
             continue
-        if not eq:
-            value = script_args[i + 1] if i + 1 < len(script_args) else ""
-        if value and not value.startswith("-") and (flag == "--deepspeed_config" or Path(value).suffix in (".json", ".yaml", ".yml")):
-            found.append((flag, value))
+        if flag != "--deepspeed_config" and Path(value).suffix not in (".json", ".yaml", ".yml"):
+            continue
+        if flag == "--config" and Path(value).is_file() and not _is_engine_config(value):
+            continue
+        found.append((flag, value))
     return found
+
+
+def check_script(ns: argparse.Namespace, local: bool) -> None:
+    """A local launch of a script file that does not exist fails here, not on every rank."""
+    if ns.module or ns.no_python or not local or Path(ns.script).is_file():
+        return
+    raise LaunchError(f"SCRIPT {ns.script!r} is not a file",
+                      "check the path (relative to the working directory); `zerorun --help` lists the commands")
 
 
 def rank_command(ns: argparse.Namespace) -> list[str]:
@@ -168,8 +209,11 @@ def commands_for(ns: argparse.Namespace, plan: LaunchPlan, kind: RunnerKind) -> 
 def main(argv: list[str]) -> int:
     """Launch; return the exit status (the first failing rank's, 128+N for a signal)."""
     ns = parse_args(argv)
+    policy = RestartPolicy(ns.max_restarts, ns.restart_backoff)
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
+    if not ns.dry_run:
+        check_script(ns, local)
     plan, config = make_plan(ns, nodes, local)
     commands = commands_for(ns, plan, kind)
     if ns.dry_run:
@@ -179,9 +223,12 @@ def main(argv: list[str]) -> int:
         return 0
     if ns.json:
         raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")
+    if kind is RunnerKind.OPENMPI:
+        check_mpirun_as_root(tuple(shlex.split(ns.launcher_args)), os.environ, os.geteuid())
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
         preflight(plan, ssh_options(ns))
-    result = Executor(plan, commands).run()
-    if result.failures:
-        print(format_report(result.failures, plan.world_size), file=sys.stderr)
-    return result.exit_code
+
+    def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
+        return plan if restart == 0 or ns.master_port != "auto" else make_plan(ns, nodes, local)[0]
+
+    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy).exit_code

@@ -71,8 +71,27 @@ def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10
         lines += [f"    {text}" for text in root.stderr_tail[-tail_lines:]]
     else:
         lines.append("  stderr    : (empty)")
-    for other in failures[1:]:
-        rank = "agent" if other.rank is None else f"rank {other.rank}"
-        lines.append(f"Also failed: {other.host} {rank}: {other.describe_code()} at {_when(other.time)}")
+    lines += _others(failures, root)
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _others(failures: list[Failure], root: Failure) -> list[str]:
+    """One line per other failure; ranks that failed with the root's own error share one line.
+
+    A bad input every rank reads (a missing file, a wrong key) fails all of them the
+    same way: the error is shown once, above, and the others are only counted.
+    """
+    same = [f for f in failures[1:] if f.stderr_tail and f.stderr_tail[-1:] == root.stderr_tail[-1:]
+            and f.exit_code == root.exit_code]
+    lines = []
+    if same:
+        ranks = ", ".join("agent" if f.rank is None else str(f.rank) for f in same)
+        lines.append(f"Also failed with the same error ({root.describe_code()}): rank(s) {ranks}")
+    for other in failures[1:]:
+        if other in same:
+            continue
+        rank = "agent" if other.rank is None else f"rank {other.rank}"
+        last = f": {other.stderr_tail[-1]}" if other.stderr_tail else ""
+        lines.append(f"Also failed: {other.host} {rank}: {other.describe_code()} at {_when(other.time)}{last}")
+    return lines

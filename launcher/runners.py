@@ -12,6 +12,7 @@ the text (ssh and pdsh), and pdsh's ``%`` substitutions are escaped.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -129,6 +130,8 @@ def job_env(plan: LaunchPlan) -> dict[str, str]:
     env.update(
         MASTER_ADDR=plan.master_addr, MASTER_PORT=str(plan.master_port),
         ZERORUN_JOB_ID=plan.job_id, PYTHONUNBUFFERED="1",
+        ZERORUN_NODES=",".join(f"{n.address}:{len(n.ranks)}" for n in plan.nodes),
+        ZERORUN_KILL_TIMEOUT=str(plan.options.kill_timeout),
     )
     return env
 
@@ -154,14 +157,28 @@ def slurm_commands(plan: LaunchPlan, launcher_args: tuple[str, ...] = ()) -> lis
     return [NodeCommand(tuple(argv), None, "srun", PayloadMode.NONE, None, env)]
 
 
-def openmpi_commands(plan: LaunchPlan, launcher_args: tuple[str, ...] = ()) -> list[NodeCommand]:
-    """``-x NAME`` (no value) exports the variable from mpirun's own environment."""
+def check_mpirun_as_root(launcher_args: tuple[str, ...], env: Mapping[str, str], euid: int) -> None:
+    """Open MPI refuses to run as root unless told twice; say so before anything starts."""
+    allowed = "--allow-run-as-root" in launcher_args or (
+        env.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1")
+    if euid == 0 and not allowed:
+        raise LaunchError(
+            "--launcher openmpi as root: mpirun refuses to run as root unless it is allowed explicitly",
+            "run as another user, or pass --launcher_args --allow-run-as-root, or export "
+            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (containers often run as root)",
+        )
+
+
+def openmpi_commands(plan: LaunchPlan, ssh: SshOptions = SshOptions(), launcher_args: tuple[str, ...] = ()
+                     ) -> list[NodeCommand]:
+    """``-x NAME`` (no value) exports the variable from mpirun's own environment; mpirun's
+    ssh gets the launcher's ssh options (``plm_rsh_args`` splits them on spaces)."""
     hosts = ",".join(f"{n.address}:{len(n.ranks)}" for n in plan.nodes)
     env = job_env(plan)
     exports = [item for name in sorted(env) for item in ("-x", name)]
     argv = [
-        "mpirun", "-np", str(plan.world_size), "--host", hosts, "--bind-to", "none",
-        *launcher_args, *exports, *_shim_argv(plan),
+        "mpirun", "-np", str(plan.world_size), "--host", hosts, "--bind-to", "none", "--wdir", plan.cwd,
+        "--mca", "plm_rsh_args", " ".join(ssh.options()), *launcher_args, *exports, *_shim_argv(plan),
     ]
     return [NodeCommand(tuple(argv), None, "mpirun", PayloadMode.NONE, None, tuple(sorted(env.items())))]
 
@@ -187,4 +204,4 @@ def build_commands(
         return pdsh_commands(plan, ssh, payload_dir, launcher_args)
     if kind is RunnerKind.SLURM:
         return slurm_commands(plan, launcher_args)
-    return openmpi_commands(plan, launcher_args)
+    return openmpi_commands(plan, ssh, launcher_args)

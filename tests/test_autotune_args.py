@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zerorun.autotune.args import AutotuneArgsError, durations, parse_autotune_args
+from zerorun.errors import UsageError
 
 
 def test_launcher_options_are_forwarded_and_autotune_options_kept() -> None:
@@ -30,10 +31,20 @@ def test_config_is_required_with_a_hint() -> None:
     assert "--config" in err.value.message and "zerorun autotune" in (err.value.hint or "")
 
 
-@pytest.mark.parametrize("bad", [["--trial-steps", "0"], ["--warmup-steps", "-1"], ["--json"]])
+@pytest.mark.parametrize("bad", [["--trial-steps", "0"], ["--warmup-steps", "-1"], ["--repeats", "0"]])
 def test_bad_values_are_refused(bad: list[str]) -> None:
     with pytest.raises(AutotuneArgsError):
         parse_autotune_args(["--config", "c.yaml", *bad, "t.py"])
+
+
+def test_options_after_the_script_are_the_scripts() -> None:
+    args = parse_autotune_args(["--config", "c.yaml", "--json", "t.py", "--json", "--lr", "1"])
+    assert args.ns.json and args.script_args == ("--json", "--lr", "1")
+    with pytest.raises(UsageError, match="--dry-run comes after SCRIPT"):  # a dry run must never start trials
+        parse_autotune_args(["--config", "c.yaml", "t.py", "--dry-run"])
+    explicit = parse_autotune_args(["--config", "c.yaml", "--", "t.py", "--dry-run"])
+    assert not explicit.ns.dry_run and explicit.script_args == ("--dry-run",)
+    assert parse_autotune_args(["--config", "c.yaml", "--trial_steps", "4", "t.py"]).ns.trial_steps == 4
 
 
 def test_durations() -> None:

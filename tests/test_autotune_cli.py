@@ -32,11 +32,14 @@ def test_dry_run_lists_candidates_and_pruned_ones(tmp_path: Path, capsys: pytest
 
 
 def test_errors_come_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["autotune", "--num_gpus", "2", "train.py"]) == 1
+    assert main(["autotune", "--num_gpus", "2", "train.py"]) == 2  # a usage error
     assert "needs --config" in capsys.readouterr().err
     code = main(["autotune", "--config", str(_config(tmp_path)), "--knobs", "stage3_max_live_parameters", "t.py"])
     err = capsys.readouterr().err
     assert code == 1 and "not tuned at stage 2" in err and "hint:" in err
+    code = main(["autotune", "--config", str(_config(tmp_path)), "--knobs", "allgather_bucket_size", "t.py"])
+    err = capsys.readouterr().err
+    assert code == 1 and "does not read it at stage 2" in err  # never tune what the engine ignores
 
 
 def test_help_shows_launcher_and_autotune_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,7 +31,7 @@ def _fake(knobs: dict[str, Any]) -> TrialOutcome:
 def _result():
     space = build_space(2, START["zero_optimization"], hidden_size=4096)
     return coarse_to_fine(
-        space, _fake, feasible=lambda k: "predicted 90 GiB > 76 GiB" if k["allgather_bucket_size"] == 268_435_456 else None
+        space, _fake, feasible=lambda k: "predicted 90 GiB > 76 GiB" if k["reduce_bucket_size"] == 1_048_576 else None
     )
 
 

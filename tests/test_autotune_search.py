@@ -16,7 +16,7 @@ from zerorun.autotune.search import (
     parse_duration,
     score_of,
 )
-from zerorun.autotune.space import build_space
+from zerorun.autotune.space import build_space, with_value
 
 OPTIMUM = 3 * 10**7
 
@@ -67,12 +67,14 @@ def test_pruned_candidates_never_run() -> None:
 
 
 def test_time_budget_stops_the_search() -> None:
-    space = build_space(3, {}, hidden_size=1024)
+    space = build_space(2, {}, hidden_size=1024)
     fake = FakeCluster()
-    budget = iter([False, False, False] + [True] * 100)
+    budget = iter([False] + [True] * 100)
     result = coarse_to_fine(space, fake, out_of_time=lambda: next(budget))
     assert result.stop is StopReason.BUDGET
-    assert len(fake.calls) == 1 + 3  # the start, then three candidates before time ran out
+    first = next(iter(space.values))  # the budget is checked before each knob's batch of values
+    batch = {knob_key(with_value(space.start, first, v)) for v in space.values[first]} - {knob_key(space.start)}
+    assert len(fake.calls) == 1 + len(batch)  # the start, then the first knob's values before time ran out
     assert result.rounds == 1  # stopped inside round 1, which counts
 
 
@@ -90,10 +92,10 @@ def test_memory_metric_minimises_peak_bytes() -> None:
 
 
 def test_dry_run_plan_scores_and_helpers() -> None:
-    space = build_space(2, {"reduce_bucket_size": 1000, "allgather_bucket_size": 1000, "overlap_comm": False})
+    space = build_space(2, {"reduce_bucket_size": 1000, "overlap_comm": False})
     plan = coarse_plan(space)
     assert plan[0] == space.start and len(plan) == len({knob_key(p) for p in plan})
-    assert len(plan) == 1 + 4 + 4 + 1 + 1  # start, 4 other sizes per bucket knob, the other bool of each
+    assert len(plan) == 1 + 4 + 1  # start, 4 other sizes of the bucket, the other value of overlap_comm
     assert score_of(TrialOutcome(Outcome.OOM), "throughput") is None
     assert score_of(TrialOutcome(Outcome.FINISHED, median_step_s=0.5), "throughput") == 2.0
     assert parse_duration("10m") == 600 and parse_duration("1.5h") == 5400 and parse_duration("30") == 30

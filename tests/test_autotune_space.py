@@ -18,11 +18,12 @@ from zerorun.autotune.space import (
 
 
 def test_knobs_depend_on_the_stage() -> None:
-    assert build_space(2, {}).knobs == ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
+    # only what the bundled engine reads: DeepSpeed's allgather_bucket_size and contiguous_gradients
+    # change nothing here, nor does reduce_bucket_size at stage 3 (gradients are reduced per unit)
+    assert build_space(2, {}).knobs == ("reduce_bucket_size", "overlap_comm")
     s3 = build_space(3, {})
-    assert "allgather_bucket_size" not in s3.knobs  # does nothing at stage 3
     assert set(s3.knobs) == {
-        "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
         "stage3_max_live_parameters", "stage3_max_reuse_distance", "overlap_comm",
     }
     with pytest.raises(SpaceError):
@@ -34,18 +35,20 @@ def test_hidden_size_rules_centre_the_grids() -> None:
         "reduce_bucket_size": 16_777_216, "allgather_bucket_size": 16_777_216,
         "stage3_prefetch_bucket_size": 15_099_494, "stage3_param_persistence_threshold": 40_960,
     }
-    space = build_space(3, {"reduce_bucket_size": 5e8}, hidden_size=4096)
+    space = build_space(2, {"reduce_bucket_size": 5e8}, hidden_size=4096)
     assert space.values["reduce_bucket_size"] == (1_048_576, 4_194_304, 16_777_216, 67_108_864, 268_435_456)
-    assert space.values["stage3_param_persistence_threshold"][2] == 40_960
     assert space.start["reduce_bucket_size"] == 5e8  # the user's config is the baseline
-    assert space.start["overlap_comm"] is True  # unset: DeepSpeed's stage-3 default
+    s3 = build_space(3, {"stage3_param_persistence_threshold": 7}, hidden_size=4096)
+    assert s3.values["stage3_param_persistence_threshold"][2] == 40_960
+    assert s3.start["stage3_param_persistence_threshold"] == 7
+    assert s3.start["overlap_comm"] is True  # unset: DeepSpeed's stage-3 default
 
 
 def test_without_hidden_size_grids_centre_on_the_start() -> None:
     space = build_space(2, {"reduce_bucket_size": 1000, "overlap_comm": False})
     assert space.values["reduce_bucket_size"] == (62, 250, 1000, 4000, 16000)
     assert space.values["overlap_comm"] == (True, False)
-    assert space.start["allgather_bucket_size"] == 500_000_000
+    assert set(space.start) == {"reduce_bucket_size", "overlap_comm"}
 
 
 def test_log_grid_bounds_and_even_sizes() -> None:

@@ -66,9 +66,10 @@ def test_tuning_learns_from_the_baseline_prunes_and_survives_an_oom(tmp_path: Pa
     probe, _ = _setup(tmp_path)
     tuner, runner = _setup(tmp_path, gpu_memory=_gpu_that_fits_only_small_buckets(probe))
     report = tuner.run()
-    first_knobs, first_timeout = runner.calls[0]
-    assert first_knobs == tuner.start.knobs and first_timeout == 900.0  # the baseline: the config unchanged
-    assert all(timeout == 120.0 for _, timeout in runner.calls[1:])  # 4 x the 30 s baseline
+    repeats = tuner.opts.repeats
+    assert repeats >= 2  # every candidate is measured more than once
+    assert all(knobs == tuner.start.knobs and timeout == 900.0 for knobs, timeout in runner.calls[:repeats])  # baseline
+    assert all(timeout == 120.0 for _, timeout in runner.calls[repeats:])  # 4 x the 30 s baseline
     assert report.space.values["reduce_bucket_size"][2] == 4096**2  # centred on the learned hidden size
     statuses = {r.status for r in report.records.values()}
     assert {Outcome.FINISHED, Outcome.OOM, Outcome.PRUNED} <= statuses
@@ -115,3 +116,28 @@ def test_dry_run_lists_candidates_and_prune_reasons_without_running(tmp_path: Pa
     assert "GiB per GPU >" in (verdicts[(16 * 4096**2, False)] or "")
     _, _, off = _setup(tmp_path, hidden_size=4096, gpu_memory=gpu)[0].plan()
     assert off is not None and "--params" in off
+
+
+@dataclass(frozen=True)
+class CrashingRunner(TrialRunner):
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, knobs: Mapping[str, Any], trial_dir: Path, timeout_s: float | None) -> TrialRun:
+        self.calls.append(dict(knobs))
+        return TrialRun(TrialOutcome(Outcome.CRASH, reason="rank 1: ModuleNotFoundError: No module named 'x'"),
+                        {}, 2.0, trial_dir / "output.log")
+
+
+def test_a_crashed_baseline_stops_the_search_with_its_cause(tmp_path: Path) -> None:
+    import pytest
+
+    from zerorun.autotune.tuner import BaselineFailed
+
+    (tmp_path / "train.py").write_text("import x\n")
+    tuner, _ = _setup(tmp_path)
+    runner = CrashingRunner(("--num_gpus", "2"), str(tmp_path / "train.py"), (), warmup=1, steps=2)
+    tuner.runner = runner
+    with pytest.raises(BaselineFailed, match="No module named 'x'") as err:
+        tuner.run()
+    assert len(runner.calls) == 1  # not repeated, and no candidate after it
+    assert "output.log" in (err.value.hint or "")

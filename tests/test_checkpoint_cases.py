@@ -121,7 +121,7 @@ def resume_phase(rank: int, world: int, root: str) -> dict[str, Any]:
     out = {}
     for case in CASES:
         engine = build(case, world, seed=7)
-        path, client = engine.load_checkpoint(str(Path(root) / case.name))
+        path, client = engine.load_checkpoint(str(Path(root) / case.name), load_rng_state=True)
         rng = torch.rand(4)
         at_load = snapshot(engine)
         train(engine, rank, world, HALF, STEPS - HALF)

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from launcher_conftest import zerorun_argv
 
+from launcher import shim as shim_module
 from launcher.affinity import core_share, parse_core_list
 from launcher.args import parse_args
 from launcher.errors import LaunchError
 from launcher.filters import select
 from launcher.hostfile import Host
 from launcher.plan import build_plan, rank_argv
-from launcher.shim import main as shim_main
 
 PROBE = """\
 import json, os, sys
@@ -52,12 +52,17 @@ def test_local_rank_goes_before_the_script_arguments() -> None:
 
 def test_shim_inserts_local_rank_at_the_given_index(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict = {}
-    monkeypatch.setattr(os, "execvpe", lambda prog, args, env: seen.update(args=args))
+
+    def fake_shim(args: list[str], env: dict) -> None:  # records the command instead of starting it
+        seen.update(args=args)
+        raise OSError(2, "not started in this test")
+
+    monkeypatch.setattr(shim_module, "RankShim", fake_shim)
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
-    shim_main(["--pass_local_rank=3", "--", "py", "-u", "t.py", "--x", "1"])
+    assert shim_module.main(["--pass_local_rank=3", "--", "py", "-u", "t.py", "--x", "1"]) == 127
     assert seen["args"] == ["py", "-u", "t.py", "--local_rank=1", "--x", "1"]
 
 
@@ -104,3 +109,12 @@ def test_master_addr_and_port_spellings() -> None:
     assert (ns.master_addr, ns.master_port) == ("10.0.0.1", "29600")
     ns = parse_args(["--master_addr=10.0.0.2", "--master_port=29601", "t.py"])
     assert (ns.master_addr, ns.master_port) == ("10.0.0.2", "29601")
+
+
+def test_plan_with_the_new_fields_round_trips_through_json() -> None:
+    from launcher.plan import AgentOptions, LaunchPlan
+
+    plan = build_plan(select((Host("localhost", 2),)), command=["py", "-u", "t.py", "--x"], job_id="j", cwd="/w",
+                      python="py", local=True, pass_local_rank=True, args_start=3,
+                      options=AgentOptions(bind_cores=True, bind_core_list="0-3"))
+    assert LaunchPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan

@@ -126,6 +126,7 @@ class Case:
         cfg: dict = {
             "train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": self.gas,
             "steps_per_print": 10**6, "optimizer": opt,
+            "gradient_clipping": 0.0,  # the reference does not clip (DeepSpeed's default would be 1.0)
             "zero_optimization": {
                 "stage": 3, "overlap_comm": self.gas == 1,
                 # a window of a few hundred elements: several units ahead, never the whole model

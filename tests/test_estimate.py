@@ -7,12 +7,14 @@ import json
 import pytest
 
 from zerorun.estimate import (
+    FIT_HEADROOM,
     ActivationPolicy,
     Buckets,
     CountError,
     Dtype,
     EstimateRequest,
     GiB,
+    Layout,
     ModelShape,
     Offload,
     Optimizer,
@@ -42,11 +44,24 @@ def _totals(params: int, n: int, **kw: object) -> list[int]:
 
 
 def test_14b_on_8_gpus_matches_the_zero_paper() -> None:
-    assert _totals(14_000_000_000, 8) == [224 * 10**9, 77 * 10**9, 52_500_000_000, 28 * 10**9]
+    paper = [224 * 10**9, 77 * 10**9, 52_500_000_000, 28 * 10**9]
+    assert _totals(14_000_000_000, 8, layout=Layout.PAPER) == paper
 
 
 def test_7b_on_2_gpus_matches_the_zero_paper() -> None:
-    assert _totals(7_000_000_000, 2) == [112 * 10**9, 70 * 10**9, 63 * 10**9, 56 * 10**9]
+    assert _totals(7_000_000_000, 2, layout=Layout.PAPER) == [112 * 10**9, 70 * 10**9, 63 * 10**9, 56 * 10**9]
+
+
+def test_default_layout_is_the_engines_fp32_gradient_shard() -> None:
+    # stages 2-3 hold the gradient shard in fp32: 2 more bytes per parameter per rank than the paper
+    psi, n = 14_000_000_000, 8
+    engine, paper = _totals(psi, n), _totals(psi, n, layout=Layout.PAPER)
+    assert engine[:2] == paper[:2]
+    assert [e - p for e, p in zip(engine[2:], paper[2:], strict=True)] == [2 * psi // n, 2 * psi // n]
+    assert engine[2] == 2 * psi + 16 * psi // n and engine[3] == 18 * psi // n
+    for stage in range(4):  # the rows and engine_breakdown are one arithmetic
+        breakdown = engine_breakdown(stage, Dtype.BF16, Optimizer.ADAM, n, psi)
+        assert sum(breakdown.values()) == engine[stage]
 
 
 def test_world_size_counts_every_node() -> None:
@@ -124,7 +139,7 @@ def test_offload_optimizer_moves_master_states_and_fp32_grads_only() -> None:
 def test_offload_param_moves_the_parameter_shard() -> None:
     psi, n = 14_000_000_000, 8
     both = model_states(Training(psi, n), Placement(3, Offload.CPU, Offload.CPU))
-    assert both.gpu == {"params": 0, "gradients": 2 * psi // n, "optimizer_states": 0, "grad_accum": 0}
+    assert both.gpu == {"params": 0, "gradients": 4 * psi // n, "optimizer_states": 0, "grad_accum": 0}
     assert both.cpu == 14 * psi // n
     split = model_states(Training(psi, n), Placement(3, Offload.CPU, Offload.NVME))
     assert (split.cpu, split.nvme) == (12 * psi // n, 2 * psi // n)
@@ -283,14 +298,18 @@ def test_recommendation_prefers_least_communication_that_fits() -> None:
     assert "stage 2" in est.recommendation.reason
 
 
-def test_recommendation_keeps_headroom_and_says_when_tight() -> None:
+def test_one_fit_threshold_for_fits_and_the_recommendation() -> None:
     request = EstimateRequest(Training(7_000_000_000, 8), gpus_per_node=8, overhead=0)
     rows = estimate(request).rows
     stage1 = next(r for r in rows if r.placement == Placement(1))
-    just_fits = recommend([r for r in rows if r.placement in (Placement(0), Placement(1))], stage1.total)
-    assert just_fits.row is stage1 and "tightly" in just_fits.reason
-    roomy = recommend(rows, stage1.total)  # stage 1 fits without headroom; stage 2 with it
-    assert roomy.row is not None and roomy.row.placement == Placement(2) and "10% to spare" in roomy.reason
+    exact = recommend(rows, stage1.total)  # stage 1 would fill the GPU to the byte: not a fit
+    assert exact.row is not None and exact.row.placement != Placement(1)
+    roomy = int(stage1.total / (1 - FIT_HEADROOM)) + 1
+    chosen = estimate(EstimateRequest(Training(7_000_000_000, 8), gpus_per_node=8, overhead=0, gpu_memory=roomy))
+    assert chosen.recommendation.row is not None and chosen.recommendation.row.placement == Placement(1)
+    for row in chosen.rows:  # `fits` and the recommendation agree row by row
+        assert row.fits == (row.total <= roomy * (1 - FIT_HEADROOM))
+    assert f"{FIT_HEADROOM:.0%}" in chosen.recommendation.reason
 
 
 def test_no_recommendation_without_memory_or_when_nothing_fits() -> None:

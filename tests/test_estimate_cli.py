@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from zerorun.cli import main
+from zerorun.estimate import EstimateRequest, GiB, ModelShape, Training, estimate
 
 ROW_KEYS = {
     "stage", "offload_optimizer", "offload_param", "per_gpu_bytes", "per_node_cpu_bytes",
@@ -30,9 +31,13 @@ def test_json_schema_and_the_card_example(capsys: pytest.CaptureFixture[str]) ->
         assert set(row["per_gpu_bytes"]) >= GPU_KEYS
         assert all(isinstance(v, int) for v in row["per_gpu_bytes"].values())
         assert isinstance(row["fits"], bool)
-        assert row["per_gpu_bytes"]["total"] <= 80 * 10**9 if row["fits"] else row["per_gpu_bytes"]["total"] > 80 * 10**9
+        assert (row["per_gpu_bytes"]["total"] <= data["usable_bytes"]) == row["fits"]
+    assert data["usable_bytes"] == int(80 * 10**9 * (1 - data["fit_headroom"]))
     plain = {r["stage"]: r["model_states_bytes"] for r in data["rows"] if r["offload_optimizer"] == "none"}
-    assert plain == {0: 224 * 10**9, 1: 77 * 10**9, 2: 52_500_000_000, 3: 28 * 10**9}
+    assert plain == {0: 224 * 10**9, 1: 77 * 10**9, 2: 56 * 10**9, 3: 31_500_000_000}  # the engine's layout
+    paper = data["paper_reference"]["model_states_bytes"]
+    assert paper == {"0": 224 * 10**9, "1": 77 * 10**9, "2": 52_500_000_000, "3": 28 * 10**9}
+    assert "Fig. 1" in data["paper_reference"]["source"]
     rec = data["recommendation"]
     assert {"stage", "offload_optimizer", "offload_param", "reason"} <= set(rec)
     assert rec["stage"] in (0, 1, 2, 3) and rec["reason"]
@@ -128,3 +133,60 @@ def test_plot_writes_an_svg(tmp_path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["estimate", "--params", "7B", "--gpus", "2", "--gpu-memory", "80GB", "--plot", str(out)]) == 0
     text = out.read_text()
     assert text.startswith("<?xml") and "GPU memory" in text
+
+
+def test_activation_assumptions_are_shown_and_follow_the_model(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16,
+                                  "vocab_size": 1000, "max_position_embeddings": 4096}))
+    data = _json(capsys, "--model", str(config), "--gpus", "2", "--micro-batch", "2")
+    assert data["activations"] == {"seq_len": 4096, "micro_batch": 2, "activation_checkpointing": False,
+                                   "flash_attention": False}
+    assert _json(capsys, "--model", str(config), "--gpus", "2", "--seq-len", "512")["activations"]["seq_len"] == 512
+    assert _json(capsys, "--params", "1B", "--gpus", "2")["activations"] is None  # no shape: not counted
+    assert main(["estimate", "--model", str(config), "--gpus", "2"]) == 0
+    assert "sequence length 4096 (max_position_embeddings) x micro batch 1" in capsys.readouterr().out
+
+
+def test_a_bare_gpu_memory_is_gib(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _json(capsys, "--params", "1B", "--gpu-memory", "80")["gpu_memory_bytes"] == 80 * 2**30
+    assert _json(capsys, "--params", "1B", "--gpu-memory", "80G")["gpu_memory_bytes"] == 80 * 2**30
+    assert _json(capsys, "--params", "1B", "--gpu-memory", "80GB")["gpu_memory_bytes"] == 80 * 10**9
+
+
+@pytest.mark.parametrize("extra", [[], ["--fp32-grad-accum"], ["--offload-optimizer", "nvme", "--offload-param", "nvme"]])
+def test_the_table_keeps_stage_and_fits_at_80_columns(extra: list[str]) -> None:
+    from rich.console import Console
+
+    from zerorun.estimate import Offload
+    from zerorun.estimate.render import estimate_table
+
+    training = Training(7 * 10**9, 8, fp32_grad_accum="--fp32-grad-accum" in extra)
+    shape = ModelShape(hidden=4096, layers=32, heads=32, vocab=32000)
+    request = EstimateRequest(training, gpus_per_node=8, shape=shape, gpu_memory=80 * GiB)
+    pinned = (Offload.NVME, Offload.NVME) if "nvme" in extra else (None, None)
+    console = Console(width=80, record=True)
+    console.print(estimate_table(estimate(request, *pinned)))
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "offload" in line)
+    assert "stage" in header.split() and "fits" in header.split() and "total" in header.split()
+    rows = [line for line in lines if line.split() and line.split()[-1] in ("yes", "no")]
+    assert rows and all(len(line) <= 80 and "…" not in line for line in rows)
+
+
+@pytest.mark.timeout(120)
+def test_measure_runs_the_script_and_compares_term_by_term(capsys: pytest.CaptureFixture[str]) -> None:
+    # 2 gloo ranks, the toy at hidden 16: the estimate for the config the engine ran vs its memory_breakdown
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    script = f"{root / 'examples' / 'train_toy.py'} --config {root / 'templates' / 'zero2.yaml'} --hidden 16 --layers 2"
+    code = main(["estimate", "--gpus", "2", "--measure", script, "--measure-steps", "1", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["measured"]["stage"] == 2 and data["measured"]["world_size"] == 2
+    terms = {t["term"]: t for t in data["terms"]}
+    assert set(terms) == {"params", "gradients", "master_params", "optimizer_states", "buffers", "total"}
+    for name, term in terms.items():  # padding of the flat buckets and Adam's step counters only
+        assert term["measured_bytes"] > 0 and abs(term["ratio"] - 1) < 0.01, (name, term)

@@ -23,8 +23,15 @@ from launcher.filters import select
 from launcher.hostfile import parse_hostfile
 from launcher.plan import LaunchPlan, build_plan
 from launcher.preflight import TAG, HostCheck, check_argv, judge
-from launcher.runners import PayloadMode, RunnerKind, SshOptions, build_commands, remote_shell_command
-from launcher.shim import rank_vars
+from launcher.runners import (
+    PayloadMode,
+    RunnerKind,
+    SshOptions,
+    build_commands,
+    check_mpirun_as_root,
+    remote_shell_command,
+)
+from launcher.shim import host_name, rank_vars
 
 TRICKY = ["a b", "it's", 'say "hi"', "$HOME", "`id`", "100%", "%h", "x;y", "", "new\nline", "--lr=1e-3"]
 
@@ -85,13 +92,26 @@ def test_slurm_runner_argv() -> None:
 
 
 def test_openmpi_runner_exports_names_not_values() -> None:
-    [cmd] = build_commands(_plan("a slots=1\nb slots=3\n"), RunnerKind.OPENMPI)
+    [cmd] = build_commands(_plan("a slots=1\nb slots=3\n"), RunnerKind.OPENMPI, SSH)
     assert cmd.argv == (
-        "mpirun", "-np", "4", "--host", "a:1,b:3", "--bind-to", "none",
+        "mpirun", "-np", "4", "--host", "a:1,b:3", "--bind-to", "none", "--wdir", "/work dir",
+        "--mca", "plm_rsh_args", "-o BatchMode=yes -o ConnectTimeout=10 -p 2222 -F my conf -i key",
         "-x", "HF_TOKEN", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED", "-x", "ZERORUN_JOB_ID",
+        "-x", "ZERORUN_KILL_TIMEOUT", "-x", "ZERORUN_NODES",
         "/py", "-u", "-m", "launcher.shim", "--", "/py", "-u", "t.py", "--x", "1",
     )
-    assert "s3cret" not in cmd.argv and dict(cmd.env)["HF_TOKEN"] == "s3cret"
+    env = dict(cmd.env)
+    assert "s3cret" not in cmd.argv and env["HF_TOKEN"] == "s3cret"
+    assert (env["ZERORUN_NODES"], env["ZERORUN_KILL_TIMEOUT"]) == ("a:1,b:3", "10.0")
+
+
+def test_mpirun_as_root_needs_an_explicit_allowance() -> None:
+    with pytest.raises(LaunchError, match="mpirun refuses to run as root") as err:
+        check_mpirun_as_root((), {}, euid=0)
+    assert "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in err.value.hint
+    check_mpirun_as_root(("--allow-run-as-root",), {}, euid=0)
+    check_mpirun_as_root((), {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}, euid=0)
+    check_mpirun_as_root((), {}, euid=1000)
 
 
 def test_remote_command_round_trips_through_a_real_shell(tmp_path: Path) -> None:
@@ -162,6 +182,11 @@ def test_shim_maps_slurm_and_openmpi_variables() -> None:
     ompi = rank_vars({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                       "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1"})
     assert (ompi["RANK"], ompi["LOCAL_RANK"], ompi["NODE_RANK"], ompi["LOCAL_WORLD_SIZE"]) == ("3", "1", "1", "2")
+    # OMPI_COMM_WORLD_NODE_RANK is a rank *on* the node; the node comes from the plan's layout
+    uneven = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+              "OMPI_COMM_WORLD_LOCAL_SIZE": "3", "OMPI_COMM_WORLD_NODE_RANK": "2", "ZERORUN_NODES": "a:1,[::1]:3"}
+    assert rank_vars(uneven)["NODE_RANK"] == "1"
+    assert host_name({**uneven, "NODE_RANK": "1"}) == "[::1]"
     with pytest.raises(LaunchError, match="neither SLURM_PROCID nor OMPI_COMM_WORLD_RANK"):
         rank_vars({})
 

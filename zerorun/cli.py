@@ -3,18 +3,24 @@
 ``zerorun [launcher options] SCRIPT [script args]`` launches a training script (the
 default command); ``zerorun SUBCOMMAND ...`` runs one of the tools below. Each
 subcommand lives in its own module under ``zerorun/commands``; this file only wires
-them together and owns the single error boundary.
+them together and owns the single error boundary: a usage error prints the usage and
+one ``error:`` line and exits 2, a bad input prints ``error:``/``hint:`` and exits 1,
+and under ``--json`` both are a JSON object on stdout. No traceback reaches the user
+unless ``ZERORUN_DEBUG`` is set.
 """
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import typer
 
 from zerorun.commands import autotune, convert, estimate, print_config, report, validate
-from zerorun.errors import ZerorunError
+from zerorun.commands.boundary import click_module, from_click, print_error
+from zerorun.commands.options import ALIASES
+from zerorun.config.suggest import did_you_mean
+from zerorun.errors import UsageError, ZerorunError
 
 app = typer.Typer(
     name="zerorun",
@@ -22,6 +28,8 @@ app = typer.Typer(
         "Train PyTorch models that do not fit in one GPU, on one machine or many.\n\n"
         "Launch:  zerorun \\[launcher options] train.py \\[script args]  "
         "(see `zerorun launch --help` for the launcher options)\n\n"
+        "Every option is spelt with - or _ alike (--num-gpus = --num_gpus); "
+        "every reporting command takes --json.\n\n"
         "Examples:\n\n"
         "  zerorun --num_gpus 2 examples/train_toy.py --config templates/zero2.yaml\n\n"
         "  zerorun --hostfile hostfiles/two-nodes train.py\n\n"
@@ -33,27 +41,30 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+_RAW = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+"""Commands whose own argparse parser reads every token (launch, autotune)."""
 
 app.command("validate")(validate.command)
 app.command("print-config")(print_config.command)
 app.command("estimate")(estimate.command)
-app.command(
-    "autotune",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,  # its own parser prints the launcher + autotune options
-)(autotune.command)
+app.command("autotune", context_settings=_RAW, add_help_option=False)(autotune.command)
 app.command("report")(report.command)
 app.command("convert")(convert.command)
 
 
-@app.command(
-    "launch",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
-    add_help_option=False,
-)
+@app.command("launch", context_settings=_RAW, add_help_option=False)
 def launch(ctx: typer.Context) -> None:
-    """Launch a training script: the same as `zerorun [launcher options] SCRIPT [args]`."""
+    """Launch a training script: the same as `zerorun \\[launcher options] SCRIPT \\[args]`.
+
+    Examples:
+
+      zerorun launch --num_gpus 2 train.py --config ds.yaml
+
+      zerorun launch -H hostfiles/two-nodes --dry-run --json train.py
+    """
     from launcher.main import main as launch_main
 
     raise typer.Exit(launch_main(list(ctx.args)))
@@ -68,60 +79,101 @@ def route(argv: list[str]) -> tuple[str, list[str]]:
 
     A first argument that names a subcommand (or asks for help/version) goes to the
     tool app; anything else - launcher options or the script itself - is a launch.
+    A first argument that is no file but is close to a subcommand name is a typo, not
+    a script: it is a usage error with a "did you mean".
     """
-    if not argv or argv[0] in _subcommand_names() or argv[0] in ("-h", "--help", "--version"):
+    names = _subcommand_names()
+    if not argv or argv[0] in names or argv[0] in ("-h", "--help", "--version"):
         return "app", argv
+    first = argv[0]
+    if not first.startswith("-") and not Path(first).exists():
+        guess = did_you_mean(first, sorted(names))
+        if guess is not None:
+            raise UsageError(
+                f"{first!r} is neither a command nor a script file (did you mean `zerorun {guess}`?)",
+                hint=f"zerorun {guess} --help; `zerorun --help` lists every command",
+                usage="zerorun [launcher options] SCRIPT [args]  |  zerorun COMMAND [options]",
+            )
     return "launch", argv
+
+
+def one_spelling(args: list[str]) -> list[str]:
+    """``--hidden_size`` -> ``--hidden-size``, ``--num_gpus`` -> ``--gpus`` for the typer commands.
+
+    The launcher's flags are DeepSpeed's (underscores) and the tools' are hyphenated;
+    both spellings work everywhere, so a user never has to remember which is which.
+    The shared options' other names (``options.ALIASES``) map to their one option.
+    Tokens after a ``--`` are left alone.
+    """
+    out: list[str] = []
+    for i, token in enumerate(args):
+        if token == "--":
+            return out + args[i:]
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            name = "--" + name[2:].replace("_", "-")
+            token = ALIASES.get(name, name) + eq + value
+        out.append(token)
+    return out
+
+
+def json_requested(kind: str, args: list[str]) -> bool:
+    """Whether ``--json`` is one of the command's own options (not the script's)."""
+    if kind == "app" and args and args[0] in ("launch", "autotune"):
+        kind, args = args[0], args[1:]
+    if kind in ("launch", "autotune"):
+        from launcher.args import build_parser, split_argv
+
+        args = split_argv(build_parser(), args)[0]
+    head = args[: args.index("--")] if "--" in args else args
+    return "--json" in head
+
+
+def _run(kind: str, args: list[str]) -> int:
+    if kind == "launch":
+        from launcher.main import main as launch_main
+
+        return launch_main(args)
+    if args and args[0] == "--version":
+        from zerorun import __version__
+
+        print(f"zerorun {__version__}")
+        return 0
+    if args and args[0] not in ("launch", "autotune"):
+        args = one_spelling(args)
+    result = app(args=args, prog_name="zerorun", standalone_mode=False)
+    return result if isinstance(result, int) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; the one place that turns user errors into ``error:``/``hint:``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = False
     try:
         kind, args = route(argv)
-        if kind == "launch":
-            from launcher.main import main as launch_main
-
-            return launch_main(args)
-        if args and args[0] == "--version":
-            from zerorun import __version__
-
-            print(f"zerorun {__version__}")
-            return 0
-        result = app(args=args, prog_name="zerorun", standalone_mode=False)
-        return result if isinstance(result, int) else 0
+        as_json = json_requested(kind, args)
+        return _run(kind, args)
     except ZerorunError as err:
-        _print_error(err)
-        return 1
+        print_error(err, as_json=as_json)
+        return err.exit_code
     except typer.Exit as done:
         return int(done.exit_code or 0)
+    except typer.Abort:
+        return 130
     except SystemExit as done:
         return int(done.code or 0) if isinstance(done.code, int) else 1
-    except Exception as err:  # click's usage errors and friends
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            return err.exit_code
-        if isinstance(err, click.exceptions.Abort):
-            return 130
-        raise
-
-
-def _print_error(err: ZerorunError) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    console = Console(stderr=True, highlight=False)
-    # escape: messages carry brackets of their own ("[rank 0]", "pip install 'zerorun[plot]'")
-    console.print(f"[bold red]error:[/] {escape(err.message)}", markup=True, soft_wrap=True)
-    if err.hint:
-        console.print(f"[bold cyan]hint:[/] {escape(err.hint)}", markup=True, soft_wrap=True)
-    if os.environ.get("ZERORUN_DEBUG"):
-        import traceback
-
-        traceback.print_exception(err)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # click's usage errors: from typer's own click (>= 0.29) or click itself
+        if not isinstance(err, click_module().exceptions.ClickException):
+            raise
+        converted = from_click(err)
+        if converted is None:  # `zerorun` alone: the help was asked for
+            return 0
+        print_error(converted, as_json=as_json)
+        return converted.exit_code
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

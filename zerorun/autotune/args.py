@@ -13,23 +13,31 @@ from dataclasses import dataclass
 
 from launcher.args import build_parser, split_argv
 from zerorun.autotune.search import parse_duration
-from zerorun.errors import ZerorunError
+from zerorun.errors import UsageError
 
 AUTOTUNE_EXAMPLES = """\
-examples:
+Examples:
   zerorun autotune --num_gpus 2 --config ds.yaml train.py --epochs 1
   zerorun autotune --num_gpus 8 --config ds.yaml --stage 3 --time-budget 30m train.py
   zerorun autotune --num_gpus 2 --config ds.yaml --dry-run --params 1.3B --gpu-memory 24GiB train.py
   zerorun autotune --num_gpus 2 --config ds.yaml --knobs reduce_bucket_size,overlap_comm train.py
+  zerorun autotune --num_gpus 2 --config ds.yaml --repeats 3 --json train.py > tuning.json
 """
 _OWN_DESTS = frozenset({
     "stage", "trial_steps", "warmup_steps", "time_budget", "trial_timeout", "out", "metric", "hidden_size",
-    "params", "gpu_memory", "tune_micro_batch", "knobs", "grid_points", "rounds", "dry_run", "json",
+    "params", "gpu_memory", "tune_micro_batch", "knobs", "grid_points", "rounds", "dry_run", "json", "repeats",
 })
+_DRY_RUN = frozenset({"--dry-run", "--dry_run"})
 
 
-class AutotuneArgsError(ZerorunError):
-    """The autotune command line cannot be used."""
+USAGE = "zerorun autotune [launcher options] --config FILE [autotune options] SCRIPT [script args]"
+
+
+class AutotuneArgsError(UsageError):
+    """The autotune command line cannot be used (a usage error: exit 2)."""
+
+    def __init__(self, message: str, hint: str | None = None, usage: str | None = USAGE) -> None:
+        super().__init__(message, hint, usage)
 
 
 @dataclass(frozen=True)
@@ -45,9 +53,10 @@ class AutotuneArgs:
 def build_autotune_parser() -> argparse.ArgumentParser:
     p = build_parser()
     p.prog = "zerorun autotune"
-    p.usage = "zerorun autotune [launcher options] --config FILE [autotune options] SCRIPT [script args]"
+    p.usage = USAGE
     p.description = ("Tune the ZeRO bucket and prefetch sizes of SCRIPT by short real trials, each one a launcher "
-                     "run of the unchanged script; write the ranked trials and the best config.")
+                     "run of the unchanged script; write the ranked trials and the best config. Every flag takes - or _ "
+                     "alike; options end at SCRIPT, the rest is the script's.")
     p.epilog = AUTOTUNE_EXAMPLES
     a = p.add_argument_group("autotune")
     a.add_argument("--stage", type=int, choices=[1, 2, 3], help="tune this ZeRO stage (default: the config's)")
@@ -65,6 +74,8 @@ def build_autotune_parser() -> argparse.ArgumentParser:
     a.add_argument("--knobs", help="comma-separated knobs to tune (default: every knob of the stage)")
     a.add_argument("--grid-points", type=int, default=2, help="coarse values each side of the centre (default 2)")
     a.add_argument("--rounds", type=int, default=6, help="at most this many search rounds (default 6)")
+    a.add_argument("--repeats", type=int, default=2,
+                   help="runs of each candidate, interleaved with the others; the best counts (default 2)")
     return p
 
 
@@ -92,9 +103,14 @@ def parse_autotune_args(argv: list[str]) -> AutotuneArgs:
     if ns.config is None:
         raise AutotuneArgsError("zerorun autotune needs --config FILE (the starting config)",
                                 hint="e.g. zerorun autotune --num_gpus 2 --config ds.yaml train.py")
-    if ns.json:
-        raise AutotuneArgsError("--json is not an autotune option", hint="read OUT/ledger.jsonl for machine output")
-    for name in ("trial_steps", "grid_points", "rounds"):
+    explicit = "--" in head  # `zerorun autotune [opts] -- SCRIPT --dry-run`: the script's own flag
+    if not explicit and _DRY_RUN & {t.split("=", 1)[0] for t in tail}:
+        raise UsageError(f"--dry-run comes after SCRIPT {ns.script!r}, so it is one of the script's arguments "
+                         "and every trial would really run",
+                         hint=f"put it before the script: zerorun autotune ... --dry-run {ns.script} ...; to pass it to "
+                              "the script, write `--` before SCRIPT",
+                         usage=parser.usage)
+    for name in ("trial_steps", "grid_points", "rounds", "repeats"):
         if getattr(ns, name) < 1:
             raise AutotuneArgsError(f"--{name.replace('_', '-')} must be at least 1", hint="give a positive integer")
     if ns.warmup_steps < 0:

@@ -35,6 +35,8 @@ class TrialOutcome:
     samples_per_s: float | None = None
     peak_bytes: int | None = None
     reason: str = ""
+    spread: float | None = None  # over repeats: (best - worst) / best throughput; None with one run
+    repeats: int = 1
 
     @property
     def ok(self) -> bool:

@@ -75,8 +75,8 @@ def results_table(report: TuneReport, metric: Metric) -> Table:
     """Every trial: finished best first, then failures with their reason, then pruned."""
     start = report.result.start.knobs
     table = Table(title=f"zerorun autotune: {len(report.result.trials)} candidates, metric {metric}")
-    for name in ("#", "knobs (vs start)", "samples/s", "median step", "peak memory", "status", "why"):
-        right = name in ("#", "samples/s", "median step", "peak memory")
+    for name in ("#", "knobs (vs start)", "samples/s", "spread", "median step", "peak memory", "status", "why"):
+        right = name in ("#", "samples/s", "spread", "median step", "peak memory")
         table.add_column(name, justify="right" if right else "left", overflow="fold",
                          min_width=24 if name.startswith("knobs") else None)
     for i, ev in enumerate(ranked(report.result), 1):
@@ -86,6 +86,7 @@ def results_table(report: TuneReport, metric: Metric) -> Table:
         table.add_row(
             str(i), escape(describe(ev.knobs, start)),
             f"{o.samples_per_s:.2f}" if o.samples_per_s is not None else "-",
+            f"{o.spread:.1%}" if o.spread is not None else "-",
             f"{o.median_step_s * 1000:.1f} ms" if o.median_step_s is not None else "-",
             _size(o.peak_bytes if o.peak_bytes is not None else (record.predicted_bytes if record else None)),
             f"[{_STYLE[o.status]}]{o.status.value}[/]", escape(reason[:120]),
@@ -109,3 +110,28 @@ def dry_run_table(space: SearchSpace, plan: list[tuple[dict[str, Any], str | Non
 def space_lines(space: SearchSpace) -> list[str]:
     """One line per tuned knob: its start and its coarse values."""
     return [f"{k}: start {space.start.get(k)!r}, values {list(v)}" for k, v in space.values.items()]
+
+
+def report_json(report: TuneReport, metric: Metric) -> dict[str, Any]:
+    """The tuning run as data (``--json``): every candidate ranked, the winner, where best.yaml is."""
+    result = report.result
+
+    def entry(ev: Any) -> dict[str, Any]:
+        o = ev.outcome
+        return {"knobs": ev.knobs, "phase": ev.phase, "status": o.status.value, "samples_per_s": o.samples_per_s,
+                "median_step_s": o.median_step_s, "peak_bytes": o.peak_bytes, "spread": o.spread,
+                "score": ev.score, "reason": o.reason}
+
+    return {
+        "metric": metric, "stage": report.space.stage, "stop": result.stop.value, "rounds": result.rounds,
+        "ran": report.ran, "replayed": report.replayed, "wall_s": round(report.wall_s, 3),
+        "gain_over_start": result.gain_over_start(), "best_config": str(report.best_path) if report.best_path else None,
+        "start": entry(result.start), "best": entry(result.best) if result.best is not None else None,
+        "trials": [entry(ev) for ev in ranked(result)],
+    }
+
+
+def dry_run_json(space: SearchSpace, plan: list[tuple[dict[str, Any], str | None]], note: str | None) -> dict[str, Any]:
+    """``--dry-run --json``: the space and round 1's candidates with their verdicts."""
+    return {"stage": space.stage, "start": space.start, "values": {k: list(v) for k, v in space.values.items()},
+            "candidates": [{"knobs": k, "pruned": r} for k, r in plan], "note": note}

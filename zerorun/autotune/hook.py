@@ -16,6 +16,8 @@ GPU, else ``model_state``: the engine's memory breakdown total).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,42 @@ def _model_state_bytes(engine: Any) -> int:
     return int(sum(engine.memory_breakdown().values()))
 
 
+def measured_facts(engine: Any) -> dict[str, Any]:
+    """What ``zerorun estimate --measure`` compares: the memory held after the steps, and the
+    config the engine really ran (stage, precision, optimizer, bucket knobs)."""
+    cfg = engine.config
+    zero = cfg.zero_optimization
+    optimizer = type(engine.optimizer).__name__.lower()
+    if optimizer == "sgd":
+        optimizer = "sgd" if engine.optimizer.defaults.get("momentum") else "sgd-nomomentum"
+    knobs = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size",
+             "stage3_max_live_parameters", "stage3_param_persistence_threshold")
+    return {
+        "memory_breakdown": dict(engine.memory_breakdown()),
+        "dtype": "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32",
+        "optimizer": optimizer,
+        "buckets": {k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
+        "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
+        "offload_param": str(getattr(zero.offload_param.device, "value", zero.offload_param.device)),
+    }
+
+
+def _leave(code: int) -> None:
+    """End a trial process: every rank at the barrier, then the process group torn down.
+
+    Exiting with a live gloo group can abort in its threads' destructors ("terminate
+    called without an active exception", SIGABRT), which would turn a finished trial
+    into a crash.
+    """
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    sys.exit(code)
+
+
 def recorder_for(engine: Any) -> TrialRecorder | None:
     """A recorder wired to ``engine`` when this process is a trial, else None."""
     spec = TrialSpec.from_env()
@@ -81,6 +119,7 @@ def recorder_for(engine: Any) -> TrialRecorder | None:
     recorder = TrialRecorder(
         spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak, facts=facts,
         held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
+        late_facts=lambda: measured_facts(engine), exit=_leave,
     )
     recorder.install_excepthook()
     return recorder

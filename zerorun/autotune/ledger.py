@@ -54,6 +54,8 @@ class TrialRecord:
     duration_s: float = 0.0
     facts: dict[str, Any] = field(default_factory=dict)  # what the engine reported (hidden size, ...)
     recorded_at: float = field(default_factory=time.time)
+    repeat: int = 0  # which measurement of this candidate (each candidate runs several times)
+    spread: float | None = None  # aggregated records only: the spread over the repeats
 
     @classmethod
     def from_outcome(cls, key: str, knobs: Mapping[str, Any], outcome: TrialOutcome, **extra: Any) -> TrialRecord:
@@ -63,7 +65,8 @@ class TrialRecord:
         )
 
     def outcome(self) -> TrialOutcome:
-        return TrialOutcome(self.status, self.median_step_s, self.samples_per_s, self.peak_bytes, self.reason)
+        return TrialOutcome(self.status, self.median_step_s, self.samples_per_s, self.peak_bytes, self.reason,
+                            self.spread)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": self.status.value}
@@ -105,3 +108,7 @@ class Ledger:
     def done(self, key: str) -> dict[str, TrialRecord]:
         """knob_key -> the latest record of each candidate already tried in this run."""
         return {knob_key(r.knobs): r for r in self.records(key)}
+
+    def done_repeats(self, key: str) -> dict[tuple[str, int], TrialRecord]:
+        """(knob_key, repeat) -> the latest record of each measurement already taken in this run."""
+        return {(knob_key(r.knobs), r.repeat): r for r in self.records(key)}

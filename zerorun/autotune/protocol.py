@@ -171,7 +171,8 @@ class TrialRecorder:
 
     ``peak_bytes`` returns this rank's peak memory (e.g. ``torch.cuda.max_memory_allocated``,
     or a max all-reduced over ranks); ``exit`` ends the process (``sys.exit`` by default).
-    ``facts`` are written into the result as they are (e.g. the model's hidden size);
+    ``facts`` are written into the result as they are (e.g. the model's hidden size), and
+``late_facts()`` is added to them when the steps are done (the memory held then);
     ``held_bytes`` and ``memory_cap`` implement the test memory cap (``ENV_MEMORY_CAP``).
     """
 
@@ -187,6 +188,7 @@ class TrialRecorder:
         facts: Mapping[str, Any] | None = None,
         held_bytes: Callable[[], int] | None = None,
         memory_cap: int | None = None,
+        late_facts: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.spec = spec
         self.rank = rank
@@ -197,6 +199,7 @@ class TrialRecorder:
         self.facts = dict(facts or {})
         self._held = held_bytes
         self._cap = memory_cap
+        self._late = late_facts
         self._last = clock()
         self.steps_done = 0
         self.step_times: list[float] = []
@@ -242,7 +245,7 @@ class TrialRecorder:
             "error": None,
             "step_times_s": self.step_times,
             "rank": self.rank,
-            "facts": self.facts,
+            "facts": {**self.facts, **(self._late() if self._late is not None else {})},
         }
 
     def finish(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from zerorun.autotune.space import MICRO_BATCH
 from zerorun.estimate import (
     DEFAULT_OVERHEAD,
+    FIT_HEADROOM,
     ActivationPolicy,
     Buckets,
     EstimateRequest,
@@ -22,6 +23,7 @@ from zerorun.estimate import (
     Training,
     estimate_row,
     gib,
+    usable_bytes,
 )
 
 _BUCKET_FIELDS = frozenset(Buckets.__dataclass_fields__)
@@ -40,7 +42,7 @@ class MemoryContext:
     activation_policy: ActivationPolicy = field(default_factory=ActivationPolicy)
     buckets: Buckets = field(default_factory=Buckets)
     overhead: int = DEFAULT_OVERHEAD
-    headroom: float = 0.05  # fraction of the GPU kept free
+    headroom: float = FIT_HEADROOM  # fraction of the GPU kept free: the estimate's own threshold
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def predicted_bytes(ctx: MemoryContext, knobs: Mapping[str, Any]) -> int:
 def check(ctx: MemoryContext, knobs: Mapping[str, Any]) -> PruneVerdict:
     """Fits when the prediction leaves ``headroom`` of the GPU free."""
     need = predicted_bytes(ctx, knobs)
-    limit = int(ctx.gpu_memory * (1 - ctx.headroom))
+    limit = usable_bytes(ctx.gpu_memory, ctx.headroom)
     fits = need <= limit
     reason = (
         f"predicted {gib(need):.1f} GiB of {gib(limit):.1f} GiB usable"

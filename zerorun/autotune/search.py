@@ -25,6 +25,7 @@ from zerorun.errors import ZerorunError
 
 Metric = Literal["throughput", "memory"]
 RunTrial = Callable[[dict[str, Any]], TrialOutcome]
+RunBatch = Callable[[list[dict[str, Any]]], list[TrialOutcome]]  # several candidates, measured interleaved
 Feasible = Callable[[dict[str, Any]], str | None]  # None: may run; else why it was pruned
 
 
@@ -91,31 +92,41 @@ class Deadline:
 
 
 class _Search:
-    def __init__(self, space: SearchSpace, run: RunTrial, metric: Metric, feasible: Feasible | None) -> None:
+    def __init__(self, space: SearchSpace, run: RunTrial, metric: Metric, feasible: Feasible | None,
+                 run_batch: RunBatch | None = None) -> None:
         self.space, self.run, self.metric, self.feasible = space, run, metric, feasible
+        self.run_batch: RunBatch = run_batch or (lambda batch: [run(knobs) for knobs in batch])
         self.seen: dict[str, Evaluated] = {}
         self.trials: list[Evaluated] = []
         self.tried: dict[str, set[Any]] = {k: set() for k in space.knobs}
         self.best: Evaluated | None = None
 
     def evaluate(self, knobs: dict[str, Any], phase: str) -> Evaluated:
-        key = knob_key(knobs)
-        if key in self.seen:
-            return self.seen[key]
-        reason = self.feasible(knobs) if self.feasible else None
-        if reason is not None:
-            ev = Evaluated(knobs, TrialOutcome(Outcome.PRUNED, reason=reason), None, phase)
-        else:
-            outcome = self.run(knobs)
-            ev = Evaluated(knobs, outcome, score_of(outcome, self.metric), phase)
-        self.seen[key] = ev
+        return self.evaluate_all([knobs], phase)[0]
+
+    def evaluate_all(self, batch: list[dict[str, Any]], phase: str) -> list[Evaluated]:
+        """Evaluate a batch of candidates; the feasible new ones are measured together."""
+        fresh = list({knob_key(k): k for k in batch if knob_key(k) not in self.seen}.values())
+        pruned = {knob_key(k): r for k in fresh if (r := self.feasible(k) if self.feasible else None) is not None}
+        runnable = [k for k in fresh if knob_key(k) not in pruned]
+        outcomes = dict(zip([knob_key(k) for k in runnable], self.run_batch(runnable), strict=True))
+        for knobs in fresh:
+            key = knob_key(knobs)
+            if key in pruned:
+                self._record(Evaluated(knobs, TrialOutcome(Outcome.PRUNED, reason=pruned[key]), None, phase))
+            else:
+                self._record(Evaluated(knobs, outcomes[key], score_of(outcomes[key], self.metric), phase))
+        return [self.seen[knob_key(k)] for k in batch]
+
+    def _record(self, ev: Evaluated) -> None:
+        knobs = ev.knobs
+        self.seen[knob_key(knobs)] = ev
         self.trials.append(ev)
         for k in self.tried:
             if k in knobs:
                 self.tried[k].add(knobs[k])
         if ev.score is not None and (self.best is None or self.best.score is None or ev.score > self.best.score):
             self.best = ev
-        return ev
 
     def round_values(self, round_index: int) -> dict[str, list[Any]]:
         if round_index == 0:
@@ -139,10 +150,12 @@ def coarse_to_fine(
     out_of_time: Callable[[], bool] = lambda: False,
     min_gain: float = 0.02,
     max_rounds: int = 6,
+    run_batch: RunBatch | None = None,
 ) -> SearchResult:
     """Search ``space`` from its start; ``run`` runs one candidate and is called once per
-    distinct candidate that passes ``feasible``."""
-    s = _Search(space, run, metric, feasible)
+    distinct candidate that passes ``feasible``. With ``run_batch``, the values of one
+    knob are measured together (interleaved repeats) around the best so far."""
+    s = _Search(space, run, metric, feasible, run_batch)
     result = SearchResult(start=s.evaluate(dict(space.start), "start"), best=None)
     for round_index in range(max_rounds):
         before = s.best.score if s.best else None
@@ -150,13 +163,12 @@ def coarse_to_fine(
         values = s.round_values(round_index) if s.best or round_index == 0 else {}
         fresh = 0
         for knob, choices in values.items():
-            for value in choices:
-                if out_of_time():
-                    return _finish(result, s, StopReason.BUDGET, round_index + 1)  # the round it stopped in counts
-                base = s.best.knobs if s.best else space.start
-                candidate = with_value(base, knob, value)
-                fresh += knob_key(candidate) not in s.seen
-                s.evaluate(candidate, phase)
+            if out_of_time():
+                return _finish(result, s, StopReason.BUDGET, round_index + 1)  # the round it stopped in counts
+            base = s.best.knobs if s.best else space.start
+            batch = [with_value(base, knob, value) for value in choices]
+            fresh += len({knob_key(c) for c in batch} - s.seen.keys())
+            s.evaluate_all(batch, phase)
         if s.best is None:
             return _finish(result, s, StopReason.NOTHING_RAN, round_index + 1)
         if fresh == 0:

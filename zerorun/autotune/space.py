@@ -1,9 +1,11 @@
 """What the tuner may change, per stage, and the values it tries.
 
-Stages 1-2 tune the reduce and all-gather buckets, ``overlap_comm`` and
-``contiguous_gradients``; stage 3 tunes the reduce bucket, the prefetch bucket, the
-persistence threshold, the live-parameter cap, the reuse distance and
-``overlap_comm`` (the all-gather bucket does nothing at stage 3). Sizes centre on the
+Only knobs the bundled engine reads are tuned: stages 1-2 tune the reduce bucket and
+``overlap_comm``; stage 3 the prefetch bucket, the persistence threshold, the
+live-parameter cap, the reuse distance and ``overlap_comm``. DeepSpeed's
+``allgather_bucket_size`` and ``contiguous_gradients`` (and, at stage 3,
+``reduce_bucket_size``: gradients are reduced per module unit) change nothing in this
+engine, so trials over them would only measure noise. Sizes centre on the
 hidden-size rules (h^2 for buckets, 0.9*h^2 for prefetch, 10*h for persistence) and
 spread on a log grid; without a hidden size they centre on the starting config.
 """
@@ -18,13 +20,19 @@ from typing import Any
 from zerorun.errors import ZerorunError
 
 STAGE_KNOBS: dict[int, tuple[str, ...]] = {
-    1: ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients"),
-    2: ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients"),
+    1: ("reduce_bucket_size", "overlap_comm"),
+    2: ("reduce_bucket_size", "overlap_comm"),
     3: (
-        "reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
         "stage3_max_live_parameters", "stage3_max_reuse_distance", "overlap_comm",
     ),
 }
+IGNORED_BY_ENGINE: dict[int, tuple[str, ...]] = {
+    1: ("allgather_bucket_size", "contiguous_gradients"),
+    2: ("allgather_bucket_size", "contiguous_gradients"),
+    3: ("reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients"),
+}
+"""DeepSpeed knobs the bundled engine does not read at that stage: never tuned (``--knobs`` says why)."""
 BOOL_KNOBS = frozenset({"overlap_comm", "contiguous_gradients"})
 EVEN_KNOBS = frozenset({"allgather_bucket_size"})  # DeepSpeed's stage 1/2 asserts an even size
 DEFAULTS: dict[str, int | bool] = {

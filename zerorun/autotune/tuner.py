@@ -31,8 +31,9 @@ from zerorun.autotune.search import (
     coarse_to_fine,
     score_of,
 )
-from zerorun.autotune.space import SpaceError, build_space
+from zerorun.autotune.space import IGNORED_BY_ENGINE, SpaceError, build_space
 from zerorun.autotune.start import StartPoint, memory_context
+from zerorun.errors import ZerorunError
 
 BASELINE_TIMEOUT_S = 900.0
 """The baseline's limit when --trial-timeout is not given (nothing is known about the script yet)."""
@@ -55,6 +56,7 @@ class TuneOptions:
     factor: float = 4.0
     grid_points: int = 2  # coarse values on each side of the centre
     max_rounds: int = 6
+    repeats: int = 2  # measurements of each candidate, interleaved with its siblings'
 
 
 class Progress(Protocol):
@@ -91,6 +93,11 @@ def restrict(space: SearchSpace, knobs: tuple[str, ...] | None) -> SearchSpace:
     if knobs is None:
         return space
     unknown = [k for k in knobs if k not in space.values]
+    ignored = [k for k in unknown if k in IGNORED_BY_ENGINE.get(space.stage, ())]
+    if ignored:
+        raise SpaceError(f"--knobs {','.join(ignored)}: the bundled engine does not read "
+                         f"{'it' if len(ignored) == 1 else 'them'} at stage {space.stage}, so tuning would measure noise",
+                         hint=f"choose from {', '.join(space.values)}")
     if unknown:
         raise SpaceError(f"--knobs {','.join(unknown)}: not tuned at stage {space.stage}",
                          hint=f"choose from {', '.join(space.values)}")
@@ -112,7 +119,9 @@ class Tuner:
         self.records: dict[str, TrialRecord] = {}
         self.ctx: MemoryContext | None = None
         self.timeout_s = options.trial_timeout_s
+        self.done_runs = self.ledger.done_repeats(self.key)  # (knob_key, repeat) -> its record
         self.planned = 1
+        self.started = 0
         self.ran = self.replayed = 0
         self.best: TrialRecord | None = None
 
@@ -142,25 +151,50 @@ class Tuner:
         return verdict.reason
 
     def trial(self, knobs: dict[str, Any], phase: str = "") -> TrialOutcome:
-        """Run one candidate, or replay it from the ledger."""
-        key = knob_key(knobs)
-        if key in self.records:
-            return self.records[key].outcome()
-        index = len(self.records) + 1
-        self.planned = max(self.planned, index)
-        self.progress.started(index, self.planned, knobs, phase)
-        if key in self.done and self.done[key].status is not Outcome.PRUNED:
+        """Measure one candidate (``repeats`` times), or replay it from the ledger."""
+        return self.trials([knobs], phase)[0]
+
+    def trials(self, candidates: list[dict[str, Any]], phase: str = "") -> list[TrialOutcome]:
+        """Measure ``candidates`` ``repeats`` times each, interleaved (A B C, A B C ...).
+
+        Interleaving spreads a slow spell of a shared machine over every candidate
+        instead of one; each candidate's score is the best of its repeats (noise only
+        ever slows a run down) and its spread says how far apart they were. A
+        candidate that fails once is not run again.
+        """
+        pending = [dict(c) for c in candidates if knob_key(c) not in self.records]
+        pending = list({knob_key(c): c for c in pending}.values())
+        runs: dict[str, list[TrialRecord]] = {knob_key(c): [] for c in pending}
+        for repeat in range(self.opts.repeats):
+            for knobs in pending:
+                done = runs[knob_key(knobs)]
+                if done and done[-1].status is not Outcome.FINISHED:
+                    continue
+                done.append(self._measure(knobs, phase, repeat))
+        for knobs in pending:
+            self._note(aggregate(runs[knob_key(knobs)]), replayed=False)
+        return [self.records[knob_key(c)].outcome() for c in candidates]
+
+    def _measure(self, knobs: dict[str, Any], phase: str, repeat: int) -> TrialRecord:
+        """One run of one candidate (or its record from the ledger of an earlier run)."""
+        self.planned = max(self.planned, self.started + 1)
+        self.started += 1
+        self.progress.started(self.started, self.planned, knobs, phase + (f" #{repeat + 1}" if repeat else ""))
+        previous = self.done_runs.get((knob_key(knobs), repeat))
+        if previous is not None and previous.status is not Outcome.PRUNED:
             self.replayed += 1
-            return self._note(self.done[key], replayed=True).outcome()
-        trial_dir = self.opts.out_dir / "trials" / f"{self.key}-{index:03d}"
+            return previous
+        trial_dir = self.opts.out_dir / "trials" / f"{self.key}-{self.started:03d}"
         timeout = self.timeout_s if self.timeout_s is not None else BASELINE_TIMEOUT_S
         run = self.runner.run(knobs, trial_dir, timeout)
         predicted = check(self.ctx, knobs).predicted_bytes if self.ctx is not None else None
         record = TrialRecord.from_outcome(self.key, knobs, run.outcome, predicted_bytes=predicted,
-                                          duration_s=round(run.duration_s, 3), facts=run.facts)
+                                          duration_s=round(run.duration_s, 3), facts=run.facts, repeat=repeat)
+        if run.log_path is not None and not run.outcome.ok:
+            record = replace(record, facts={**record.facts, "log": str(run.log_path)})
         self.ledger.append(record)
         self.ran += 1
-        return self._note(record, replayed=False).outcome()
+        return record
 
     def _note(self, record: TrialRecord, replayed: bool) -> TrialRecord:
         self.records[knob_key(record.knobs)] = record
@@ -172,10 +206,21 @@ class Tuner:
         return record
 
     def baseline(self) -> TrialRecord:
-        """Run the starting config; learn the hidden size, the parameter count and the timeout."""
+        """Run the starting config; learn the hidden size, the parameter count and the timeout.
+
+        A baseline that does not finish stops the tuning with its cause: every other
+        candidate is the same script, and would fail the same way.
+        """
         start_knobs = self.space(None).start
         self.trial(dict(start_knobs), "baseline")
         record = self.records[knob_key(start_knobs)]
+        if record.status is not Outcome.FINISHED:
+            log = record.facts.get("log")
+            raise BaselineFailed(
+                f"the baseline trial (the starting config, unchanged) ended: {record.status.value}: "
+                f"{record.reason or 'no reason recorded'}",
+                hint=(f"its output is in {log}; " if log else "") + "run the script once without autotune "
+                "(zerorun [launcher options] SCRIPT) and fix it first")
         if self.timeout_s is None:
             self.timeout_s = max(MIN_TRIAL_TIMEOUT_S, TIMEOUT_FACTOR * (record.duration_s or BASELINE_TIMEOUT_S))
         return record
@@ -190,13 +235,17 @@ class Tuner:
         space = self.space(hidden)
         self.planned = max(self.planned, len(coarse_plan(space)))
         result = coarse_to_fine(space, self.trial_for_search, metric=self.opts.metric, feasible=self.feasible,
-                                out_of_time=deadline.expired, max_rounds=self.opts.max_rounds)
+                                out_of_time=deadline.expired, max_rounds=self.opts.max_rounds,
+                                run_batch=self.trials_for_search)
         report = TuneReport(result, space, self.records, self.ran, self.replayed, wall_s=time.monotonic() - began)
         report.best_path = self.write_best(result)
         return report
 
     def trial_for_search(self, knobs: dict[str, Any]) -> TrialOutcome:
         return self.trial(knobs, "search")
+
+    def trials_for_search(self, candidates: list[dict[str, Any]]) -> list[TrialOutcome]:
+        return self.trials(candidates, "search")
 
     def write_best(self, result: SearchResult) -> Path:
         path = self.opts.out_dir / "best.yaml"
@@ -222,6 +271,27 @@ class Tuner:
             return None
         verdict = check(self.ctx, knobs)
         return None if verdict.fits else verdict.reason
+
+
+class BaselineFailed(ZerorunError):
+    """The starting config itself did not run: nothing can be tuned."""
+
+
+def aggregate(runs: list[TrialRecord]) -> TrialRecord:
+    """One candidate's record from its repeats: the best throughput, the worst peak, the spread.
+
+    Any failed repeat makes the candidate failed (with that repeat's cause).
+    """
+    failed = next((r for r in runs if r.status is not Outcome.FINISHED), None)
+    if failed is not None:
+        return failed
+    best = max(runs, key=lambda r: r.samples_per_s or 0.0)
+    rates = [r.samples_per_s for r in runs if r.samples_per_s]
+    spread = (max(rates) - min(rates)) / max(rates) if len(rates) > 1 else None
+    peaks = [r.peak_bytes for r in runs if r.peak_bytes is not None]
+    return replace(best, peak_bytes=max(peaks) if peaks else None, spread=spread,
+                   duration_s=max(r.duration_s for r in runs),  # one run's time: what a trial timeout bounds
+                   reason=f"best of {len(runs)} runs" + (f", spread {spread:.1%}" if spread is not None else ""))
 
 
 def _local_gpu_memory() -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from types import FrameType
 
@@ -9,7 +10,14 @@ import typer
 from rich.console import Console
 
 from zerorun.autotune.args import AutotuneArgs, durations, parse_autotune_args
-from zerorun.autotune.display import LiveProgress, dry_run_table, results_table, space_lines
+from zerorun.autotune.display import (
+    LiveProgress,
+    dry_run_json,
+    dry_run_table,
+    report_json,
+    results_table,
+    space_lines,
+)
 from zerorun.autotune.runner import TrialRunner
 from zerorun.autotune.start import load_start
 from zerorun.autotune.tuner import TuneOptions, Tuner
@@ -25,16 +33,16 @@ def _world_size(args: AutotuneArgs) -> int:
 def _options(args: AutotuneArgs) -> TuneOptions:
     from pathlib import Path
 
-    from zerorun.estimate import parse_bytes, parse_param_count
+    from zerorun.estimate import parse_gpu_memory, parse_param_count
 
     ns = args.ns
     budget, timeout = durations(ns)
     return TuneOptions(
         out_dir=Path(ns.out), metric=ns.metric, time_budget_s=budget, trial_timeout_s=timeout,
         hidden_size=ns.hidden_size, params=parse_param_count(ns.params) if ns.params else None,
-        gpu_memory=parse_bytes(ns.gpu_memory) if ns.gpu_memory else None,
+        gpu_memory=parse_gpu_memory(ns.gpu_memory) if ns.gpu_memory else None,
         knobs=tuple(k.strip() for k in ns.knobs.split(",") if k.strip()) if ns.knobs else None,
-        grid_points=ns.grid_points, max_rounds=ns.rounds,
+        grid_points=ns.grid_points, max_rounds=ns.rounds, repeats=ns.repeats,
     )
 
 
@@ -56,15 +64,22 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def command(ctx: typer.Context) -> None:
-    """Tune ZeRO bucket and prefetch sizes by short real trials (see `zerorun autotune -h`).
+    """Tune ZeRO bucket and prefetch sizes by short real trials (`zerorun autotune -h` lists every option).
 
-    Example: zerorun autotune --num_gpus 2 --config ds.yaml train.py
+    Examples:
+
+      zerorun autotune --num_gpus 2 --config ds.yaml train.py
+
+      zerorun autotune --num_gpus 2 --config ds.yaml --dry-run --json --params 1.3B --gpu-memory 24 train.py
     """
     tuner, args = build_tuner(list(ctx.args))
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     if args.ns.dry_run:
         space, plan, note = tuner.plan()
+        if args.ns.json:
+            print(json.dumps(dry_run_json(space, plan, note), indent=2, default=str))
+            return
         for line in space_lines(space):
             err.print(line, markup=False)
         out.print(dry_run_table(space, plan, note))
@@ -75,6 +90,9 @@ def command(ctx: typer.Context) -> None:
     with LiveProgress(tuner.start.knobs, err) as progress:
         tuner.progress = progress
         report = tuner.run()
+    if args.ns.json:
+        print(json.dumps(report_json(report, tuner.opts.metric), indent=2, default=str))
+        return
     out.print(results_table(report, tuner.opts.metric))
     gain = report.result.gain_over_start()
     summary = f"{report.ran} trial(s) run, {report.replayed} from the ledger, {report.wall_s:.1f}s"

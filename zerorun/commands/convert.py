@@ -20,12 +20,23 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 
 def command(
-    checkpoint_dir: Annotated[Path, typer.Argument(help="A save_dir (uses its 'latest' tag) or one tag directory.")],
-    out: Annotated[Path, typer.Argument(help="Output file: .safetensors (needs safetensors) or .pt.")],
+    checkpoint_dir: Annotated[Path, typer.Argument(help="A save_dir (uses its 'latest' tag) or one tag directory.",
+                                                   metavar="CHECKPOINT_DIR")],
+    out: Annotated[Path, typer.Argument(help="Output file: .safetensors (needs safetensors) or .pt.", metavar="OUT")],
     tag: Annotated[str | None, typer.Option("--tag", "-t", help="Tag to convert (default: latest).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 (default), bf16 or fp16.")] = "fp32",
 ) -> None:
-    """Write one consolidated state dict (fp32 by default) from a zerorun checkpoint."""
+    """Write one consolidated state dict (fp32 by default) from a zerorun checkpoint.
+
+    The result loads with model.load_state_dict(torch.load("model.pt")) without
+    zerorun and without a process group.
+
+    Examples:
+
+      zerorun convert checkpoints/ model.pt
+
+      zerorun convert checkpoints/global_step100 model.safetensors --dtype bf16
+    """
     from zerorun.engine.checkpoint import consolidate, write_state_dict
     from zerorun.engine.checkpoint.consolidate import DTYPES as TORCH_DTYPES
     from zerorun.engine.checkpoint.errors import CheckpointError

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from zerorun.commands.options import Gpus, Json, Nodes
 from zerorun.errors import ZerorunError
 from zerorun.estimate import (
     ActivationPolicy,
@@ -19,6 +20,7 @@ from zerorun.estimate import (
     Training,
     estimate,
     parse_bytes,
+    parse_gpu_memory,
     parse_param_count,
     shape_from_hf_config,
 )
@@ -27,8 +29,6 @@ from zerorun.estimate.from_config import config_facts
 from zerorun.estimate.gpu import local_gpus
 
 Params = Annotated[str | None, typer.Option("--params", help="Parameter count: 14B, 7.5b, 350M, 1.3e9, 125000000.")]
-Gpus = Annotated[int | None, typer.Option("--gpus", min=1, help="GPUs per node \\[default: the local GPUs, else 1].")]
-Nodes = Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes.")]
 DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Compute dtype \\[default: the config's, else bf16].")]
 OptimizerOpt = Annotated[
     Optimizer | None, typer.Option("--optimizer", help="Optimizer state size \\[default: the config's, else adam].")
@@ -36,7 +36,14 @@ OptimizerOpt = Annotated[
 OffloadOpt = Annotated[Offload | None, typer.Option(help="Pin the offload choice \\[default: show the usual variants].")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="A zerorun/DeepSpeed config: bucket sizes, dtype, optimizer.")]
 ModelOpt = Annotated[Path | None, typer.Option("--model", help="A Hugging Face config.json: the shape and Ψ.")]
-Int = Annotated[int | None, typer.Option(min=1)]
+Int = Annotated[int | None, typer.Option(min=1, help="Model shape (with --hidden/--layers/--heads).")]
+SeqLen = Annotated[int | None, typer.Option(min=1, help="Tokens per sample \\[default: the model's max_position_embeddings, else 2048].")]
+MicroBatch = Annotated[int | None, typer.Option(min=1, help="Samples per GPU per step \\[default: 1].")]
+Measure = Annotated[str | None, typer.Option(
+    "--measure", metavar="'SCRIPT [ARGS]'",
+    help="Also run SCRIPT under the engine for a few steps on --gpus local ranks and print estimated vs measured "
+         "per term (one quoted string).", show_default=False)]
+MeasureSteps = Annotated[int, typer.Option("--measure-steps", min=1, help="Optimizer steps of the --measure run.")]
 
 
 def _shape(
@@ -55,7 +62,8 @@ def _shape(
             hint="give --hidden, --layers and --heads together (or --model config.json)",
         )
     known = {k: v for k, v in extra.items() if v is not None}
-    return ModelShape(hidden=hidden, layers=layers, heads=heads, seq_len=seq_len or 2048, micro_batch=micro_batch, **known)  # type: ignore[arg-type]
+    return ModelShape(hidden=hidden, layers=layers, heads=heads, seq_len=seq_len or 2048, micro_batch=micro_batch,  # type: ignore[arg-type]
+                      seq_source="--seq-len" if seq_len else "default", **known)
 
 
 def _param_count(params: str | None, shape: ModelShape | None) -> int:
@@ -85,37 +93,52 @@ def command(
     kv_heads: Int = None,
     ffn: Int = None,
     vocab: Int = None,
-    seq_len: Int = None,
-    micro_batch: Int = None,
+    seq_len: SeqLen = None,
+    micro_batch: MicroBatch = None,
     activation_checkpointing: Annotated[bool, typer.Option(help="Keep only layer inputs; recompute one layer.")] = False,
     flash_attention: Annotated[bool, typer.Option(help="No s^2 attention scores kept.")] = False,
-    fp32_grad_accum: Annotated[bool, typer.Option(help="Count an fp32 gradient copy (DeepSpeed's 18 B/param).")] = False,
+    fp32_grad_accum: Annotated[bool, typer.Option(
+        help="Describe DeepSpeed's layout instead: 16-bit gradients plus an fp32 copy (its 18 B/param).")] = False,
     overhead: Annotated[str, typer.Option(help="CUDA context, NCCL and allocator slack per GPU.")] = "1GiB",
-    gpu_memory: Annotated[str | None, typer.Option(help="Memory per GPU, e.g. 80GB or 80GiB \\[default: NVML].")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    gpu_memory: Annotated[str | None, typer.Option(
+        help="Memory per GPU: 80GB, 80GiB, 80G; a bare number is GiB \\[default: NVML].")] = None,
+    as_json: Json = False,
     plot: Annotated[Path | None, typer.Option(help="Also write the chart to FILE.png or FILE.svg.")] = None,
+    measure: Measure = None,
+    measure_steps: MeasureSteps = 3,
 ) -> None:
     """Per-GPU memory for every ZeRO stage and offload choice, term by term.
 
-    Usage:
+    The rows describe the bundled engine (its fp32 gradient shard at stages 2-3);
+    the ZeRO paper's arithmetic is printed below the table as a labelled reference.
+    "fits" means within 95% of --gpu-memory, the same threshold the recommendation
+    and autotune's pruning use. --measure runs the script and compares.
+
+    Examples:
 
       zerorun estimate --params 14B --gpus 8 --gpu-memory 80GB
 
       zerorun estimate --model config.json --gpus 8 --seq-len 4096 --flash-attention --config ds.yaml
+
+      zerorun estimate --gpus 2 --measure "examples/train_toy.py --config templates/zero2.yaml"
     """
+    if measure is not None:  # the engine's own Ψ and config: the shape flags do not apply
+        from zerorun.commands.measure import print_measurement, run_measurement
+
+        print_measurement(run_measurement(measure, gpus or 1, config, measure_steps), as_json)  # local ranks
+        return
     notes: list[str] = []
     shape = _shape(model, hidden, layers, heads, {"kv_heads": kv_heads, "ffn": ffn, "vocab": vocab, "seq_len": seq_len, "micro_batch": micro_batch})
     psi = _param_count(params, shape)
     local_count, local_memory = local_gpus()
     gpus = gpus or max(local_count, 1)
     facts = config_facts(config, world_size=gpus * nodes, hidden_size=shape.hidden if shape else None)
-    memory = parse_bytes(gpu_memory) if gpu_memory is not None else local_memory
+    memory = parse_gpu_memory(gpu_memory) if gpu_memory is not None else local_memory
     if memory is None:
         notes.append("no GPU memory known (no --gpu-memory, no local GPU): 'fits' is unknown")
     elif gpu_memory is None:
         notes.append(f"GPU memory read from the local GPUs through NVML: {gib(memory):.1f} GiB")
     if shape is None:
-        notes.append("activations not counted: give --model config.json or --hidden/--layers/--heads")
         notes.append("stage 3 gathers whole blocks; without the shape only the prefetch bucket is counted")
     request = EstimateRequest(
         training=Training(psi, gpus * nodes, dtype or facts.dtype or Dtype.BF16, optimizer or facts.optimizer or Optimizer.ADAM, fp32_grad_accum),

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from zerorun.commands.validate import HiddenSizeOption, WorldSizeOption
+from zerorun.commands.options import Gpus, HiddenSize, Json, Nodes, world_size
 from zerorun.config import inspect_config
 from zerorun.config.load import LoadedConfig
 from zerorun.config.render import rows, to_json, to_yaml
@@ -77,13 +77,15 @@ def _print_template(template: str | None, file: Path | None, output: Path | None
 
 def command(
     file: Annotated[
-        Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False)
+        Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False, metavar="FILE")
     ] = None,
-    world_size: WorldSizeOption = None,
-    hidden_size: HiddenSizeOption = None,
+    gpus: Gpus = None,
+    nodes: Nodes = 1,
+    hidden_size: HiddenSize = None,
     fmt: Annotated[
         Format,
-        typer.Option("--format", "-f", help="table: values with their source; json/yaml: machine-readable."),
+        typer.Option("--format", "-f", help="table: values with their source; json/yaml: machine-readable "
+                     "(--json is --format json)."),
     ] = Format.table,
     changed: Annotated[
         bool, typer.Option("--changed", help="Table: hide the keys left at their defaults.")
@@ -100,6 +102,7 @@ def command(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
+    as_json: Json = False,
 ) -> None:
     """Print the fully resolved config: every default filled in, "auto" resolved.
 
@@ -117,14 +120,16 @@ def command(
 
       zerorun print-config templates/zero2.yaml --docs
 
-      zerorun print-config ds_config.json --format json > resolved.json
+      zerorun print-config ds_config.json --json > resolved.json
 
       zerorun print-config --template zero3 -o ds.yaml
     """
+    if as_json:
+        fmt = Format.json
     if template is not None or file is None:
         _print_template(template, file, output)
         return
-    loaded = inspect_config(file, world_size=world_size, hidden_size=hidden_size)
+    loaded = inspect_config(file, world_size=world_size(gpus, nodes), hidden_size=hidden_size)
     for problem in (*loaded.warnings, *loaded.notes):
         label = "warning" if problem in loaded.warnings else "note"
         typer.echo(f"{label}: {problem.render(loaded.origin)}", err=True)

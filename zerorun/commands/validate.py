@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from zerorun.config import ConfigError, LoadedConfig, Problem, inspect_config
+from zerorun.commands.options import Gpus, HiddenSize, Json, Nodes, world_size
+from zerorun.commands.signatures import builder_problems
+from zerorun.config import ConfigError, LoadedConfig, inspect_config
 from zerorun.errors import ZerorunError
-
-WorldSizeOption = Annotated[
-    int | None,
-    typer.Option(
-        "--world-size",
-        "-w",
-        min=1,
-        help="Data-parallel ranks; completes the batch triple (else derived at run time).",
-    ),
-]
-HiddenSizeOption = Annotated[
-    int | None,
-    typer.Option("--hidden-size", min=1, help='Model hidden size; resolves the bucket-size "auto" values.'),
-]
 
 
 def summary(loaded: LoadedConfig) -> str:
@@ -46,42 +35,60 @@ def summary(loaded: LoadedConfig) -> str:
     return ", ".join(parts)
 
 
-def _report_notes(problems: tuple[Problem, ...], origin: str, label: str) -> None:
-    for problem in problems:
-        typer.echo(f"{label}: {problem.render(origin)}", err=True)
+def inspect_file(path: str, world: int | None, hidden_size: int | None) -> dict[str, Any]:
+    """One file's result as data: ``ok``, its summary or problems, warnings and notes.
 
-
-def check_file(path: str, world_size: int | None, hidden_size: int | None) -> bool:
-    """Validate one file, print its result; True when it is valid."""
+    Beyond the schema, the optimizer and scheduler params are checked against the
+    signatures ``initialize`` calls, so "ok" means the engine accepts the config.
+    """
     try:
-        loaded = inspect_config(Path(path), world_size=world_size, hidden_size=hidden_size)
+        loaded = inspect_config(Path(path), world_size=world, hidden_size=hidden_size)
     except ConfigError as err:
-        _report_notes(err.warnings, err.origin, "warning")
-        count = len(err.problems)
-        typer.echo(f"{err.origin}: invalid ({count} problem{'s' if count != 1 else ''})")
-        for problem in err.problems:
-            typer.echo(f"  {problem.render(err.origin)}")
-        return False
-    _report_notes(loaded.warnings, loaded.origin, "warning")
-    _report_notes(loaded.notes, loaded.origin, "note")
-    typer.echo(f"{loaded.origin}: ok ({summary(loaded)})")
-    return True
+        return {"file": err.origin, "ok": False, "problems": [p.render(err.origin) for p in err.problems],
+                "warnings": [p.render(err.origin) for p in err.warnings], "notes": []}
+    problems = builder_problems(loaded.config)
+    result: dict[str, Any] = {
+        "file": loaded.origin, "ok": not problems, "problems": [p.render(loaded.origin) for p in problems],
+        "warnings": [p.render(loaded.origin) for p in loaded.warnings],
+        "notes": [p.render(loaded.origin) for p in loaded.notes],
+    }
+    if not problems:
+        result["summary"] = summary(loaded)
+    return result
+
+
+def _show(result: dict[str, Any]) -> None:
+    for text in result["warnings"]:
+        typer.echo(f"warning: {text}", err=True)
+    for text in result["notes"]:
+        typer.echo(f"note: {text}", err=True)
+    if result["ok"]:
+        typer.echo(f"{result['file']}: ok ({result['summary']})")
+        return
+    count = len(result["problems"])
+    typer.echo(f"{result['file']}: invalid ({count} problem{'s' if count != 1 else ''})")
+    for text in result["problems"]:
+        typer.echo(f"  {text}")
 
 
 def command(
     files: Annotated[
-        list[str], typer.Argument(help="Config files (JSON or YAML, DeepSpeed keys).", show_default=False)
+        list[str], typer.Argument(help="Config files (JSON or YAML, DeepSpeed keys).", show_default=False,
+                                  metavar="FILE...")
     ],
-    world_size: WorldSizeOption = None,
-    hidden_size: HiddenSizeOption = None,
+    gpus: Gpus = None,
+    nodes: Nodes = 1,
+    hidden_size: HiddenSize = None,
+    as_json: Json = False,
 ) -> None:
     """Validate DeepSpeed-style config files: every problem, at once, before any rank starts.
 
     Unknown keys (with a did-you-mean), wrong types and ranges, deprecated names,
     cross-field conflicts (fp16 with bf16, nvme without nvme_path, offload_param
-    below stage 3) and the batch triple train_batch_size = micro batch x
-    gradient_accumulation_steps x world size are all checked. "auto" values that
-    need the world or the model are reported as resolved at run time.
+    below stage 3), the batch triple train_batch_size = micro batch x
+    gradient_accumulation_steps x world size, and the optimizer and scheduler
+    params against the signatures the engine calls. "auto" values that need the
+    world or the model are reported as resolved at run time.
 
     Prints one line per valid file and every problem of an invalid one (file: key:
     message); warnings and notes go to stderr. Exit status 1 if any file is invalid.
@@ -92,10 +99,17 @@ def command(
 
       zerorun validate templates/*.yaml --world-size 8
 
-      zerorun validate hf_zero3.json --world-size 16 --hidden-size 4096
+      zerorun validate hf_zero3.json --num-gpus 8 --nodes 2 --hidden-size 4096 --json
     """
-    results = [check_file(path, world_size, hidden_size) for path in files]
-    bad = results.count(False)
+    results = [inspect_file(path, world_size(gpus, nodes), hidden_size) for path in files]
+    bad = sum(not r["ok"] for r in results)
+    if as_json:
+        typer.echo(json.dumps({"ok": not bad, "files": results}, indent=2))
+        if bad:
+            raise typer.Exit(1)
+        return
+    for result in results:
+        _show(result)
     if bad:
         raise ZerorunError(
             f"{bad} of {len(results)} config file{'s' if len(results) != 1 else ''} invalid",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 from typing import Any
 
 import psutil
@@ -362,10 +363,12 @@ class CpuAccelerator(Accelerator):
         return psutil.Process().memory_info().rss
 
     def max_memory_allocated(self, device_index: int | None = None) -> int:
-        return self.memory_allocated()
+        # the process's peak resident set (Linux reports KiB); never below the current one
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(peak, self.memory_allocated())
 
     def reset_max_memory_allocated(self, device_index: int | None = None) -> None:
-        """psutil keeps no peak to reset."""
+        """The kernel's peak resident set cannot be reset."""
 
     memory_reserved = memory_allocated
     max_memory_reserved = max_memory_allocated
@@ -375,8 +378,8 @@ class CpuAccelerator(Accelerator):
     reset_peak_memory_stats = reset_max_memory_allocated
 
     def memory_stats(self, device_index: int | None = None) -> dict[str, Any]:
-        rss = self.memory_allocated()
-        return {"allocated_bytes.all.current": rss, "allocated_bytes.all.peak": rss}
+        return {"allocated_bytes.all.current": self.memory_allocated(),
+                "allocated_bytes.all.peak": self.max_memory_allocated()}
 
     def total_memory(self, device_index: int | None = None) -> int:
         return psutil.virtual_memory().total

@@ -45,11 +45,15 @@ def wanted(env: Mapping[str, str], path: Sequence[str]) -> bool:
     return True
 
 
-def rank_env(env: Mapping[str, str], path: Sequence[str] = tuple(sys.path)) -> dict[str, str]:
-    """The rank's extra variables: ``PYTHONPATH`` with the compatibility directory first, if wanted."""
-    if not wanted(env, path):
-        return {}
+def rank_env(env: Mapping[str, str], path: Sequence[str] | None = None) -> dict[str, str]:
+    """The rank's extra variables: ``PYTHONPATH`` with the compatibility directory first, if wanted.
+
+    A real DeepSpeed is looked for on the rank's own ``PYTHONPATH`` and on this
+    interpreter's path (the agent runs the ranks' Python).
+    """
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITEDIR)]
+    if not wanted(env, [*rest, *(sys.path if path is None else path)]):
+        return {}
     return {"PYTHONPATH": os.pathsep.join([str(SITEDIR), *rest])}
 
 

@@ -1,9 +1,8 @@
 """``deepspeed.runtime.lr_schedules``: DeepSpeed's scheduler classes over zerorun's schedules.
 
-``WarmupLR(optimizer, warmup_min_lr=..., ...)`` and its siblings build the same
-:class:`~zerorun.engine.schedulers.Scheduler` a config's ``scheduler`` block builds, so a
-script (or accelerate, which checks ``VALID_LR_SCHEDULES`` by class name) can hand one to
-``initialize(lr_scheduler=...)``. ``OneCycle`` and ``LRRangeTest`` are not implemented.
+``WarmupLR(optimizer, warmup_min_lr, ...)`` and friends take DeepSpeed's constructor
+arguments and step exactly as zerorun's engine steps its configured schedules (the
+counter starts at -1, see :mod:`zerorun.engine.schedulers`).
 """
 
 from __future__ import annotations
@@ -13,28 +12,51 @@ from typing import Any
 import torch
 
 from zerorun.compat.unsupported import unsupported_class
-from zerorun.engine.schedulers import Scheduler, build_scheduler
+from zerorun.engine import schedulers as sched
 
-VALID_LR_SCHEDULES = ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"]
-"""DeepSpeed's scheduler names (integrations test ``type(s).__name__`` against this list)."""
-
-
-def _scheduler_class(name: str) -> type[Scheduler]:
-    def __init__(self: Scheduler, optimizer: torch.optim.Optimizer, last_batch_iteration: int = -1,
-                 **params: Any) -> None:
-        built = build_scheduler(name, params, optimizer)
-        Scheduler.__init__(self, optimizer, built.schedule)
-        if last_batch_iteration >= 0:  # resuming: DeepSpeed's -1 means "not started"
-            self.step(last_batch_iteration)
-
-    return type(name, (Scheduler,), {"__init__": __init__, "__module__": __name__,
-                                     "__doc__": f"DeepSpeed's {name}(optimizer, **params) on zerorun's schedule."})
+WARMUP_LOG_RATE = "log"
+WARMUP_LINEAR_RATE = "linear"
+LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR = (
+    "LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]
 
 
-WarmupLR = _scheduler_class("WarmupLR")
-WarmupDecayLR = _scheduler_class("WarmupDecayLR")
-WarmupCosineLR = _scheduler_class("WarmupCosineLR")
-OneCycle = unsupported_class("OneCycle", "OneCycle learning-rate schedule (deepspeed.runtime.lr_schedules)")
-LRRangeTest = unsupported_class("LRRangeTest", "LRRangeTest learning-rate schedule (deepspeed.runtime.lr_schedules)")
+class _Scheduler(sched.Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Any, last_batch_iteration: int) -> None:
+        super().__init__(optimizer, schedule)
+        if last_batch_iteration != -1:  # resuming: DeepSpeed leaves the optimizer's lr until the next step
+            self.last_batch_iteration = last_batch_iteration
 
-__all__ = ["VALID_LR_SCHEDULES", "LRRangeTest", "OneCycle", "WarmupCosineLR", "WarmupDecayLR", "WarmupLR"]
+
+class WarmupLR(_Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_min_lr: float = 0.0,
+                 warmup_max_lr: float | None = None, warmup_num_steps: int = 1000,
+                 warmup_type: str = WARMUP_LOG_RATE, last_batch_iteration: int = -1) -> None:
+        super().__init__(optimizer, sched.WarmupLR(warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type),
+                         last_batch_iteration)
+
+
+class WarmupDecayLR(_Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_lr: float = 0.0,
+                 warmup_max_lr: float = 0.001, warmup_num_steps: int = 1000, warmup_type: str = WARMUP_LOG_RATE,
+                 last_batch_iteration: int = -1) -> None:
+        schedule = sched.WarmupDecayLR(warmup_min_lr=warmup_min_lr, warmup_max_lr=warmup_max_lr,
+                                       warmup_num_steps=warmup_num_steps, warmup_type=warmup_type,
+                                       total_num_steps=total_num_steps)
+        super().__init__(optimizer, schedule, last_batch_iteration)
+
+
+class WarmupCosineLR(_Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
+                 warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = WARMUP_LOG_RATE,
+                 last_batch_iteration: int = -1) -> None:
+        schedule = sched.WarmupCosineLR(total_num_steps, warmup_min_ratio, warmup_num_steps, cos_min_ratio,
+                                        warmup_type)
+        super().__init__(optimizer, schedule, last_batch_iteration)
+
+
+OneCycle = unsupported_class("OneCycle", "OneCycle learning-rate schedule")
+LRRangeTest = unsupported_class("LRRangeTest", "LRRangeTest learning-rate schedule")
+
+__all__ = ["LRRangeTest", "OneCycle", "VALID_LR_SCHEDULES", "WARMUP_LINEAR_RATE", "WARMUP_LOG_RATE",
+           "WarmupCosineLR", "WarmupDecayLR", "WarmupLR"]

@@ -10,9 +10,10 @@ from typing import Any
 
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
-from zerorun.compat.unsupported import unsupported, unsupported_class
-from zerorun.engine.api import add_config_arguments, initialize
-from zerorun.engine.bootstrap import init_distributed
+from zerorun.compat.comm import init_distributed
+from zerorun.compat.unsupported import UnsupportedAttribute, unsupported, unsupported_class
+from zerorun.engine import api
+from zerorun.engine.api import add_config_arguments
 from zerorun.engine.engine import Engine as DeepSpeedEngine
 
 __version__ = DEEPSPEED_VERSION
@@ -28,6 +29,46 @@ InferenceEngine = unsupported_class("InferenceEngine", "inference injection (dee
 def init_inference(*args: Any, **kwargs: Any) -> Any:
     """Not implemented: DeepSpeed's inference engine (kernel injection, tensor parallelism)."""
     unsupported("inference injection (deepspeed.init_inference)")
+
+
+def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model_parameters: Any = None,
+               training_data: Any = None, lr_scheduler: Any = None, distributed_port: int | None = None,
+               mpu: Any = None, dist_init_required: bool | None = None, collate_fn: Any = None,
+               config: Any = None, mesh_param: Any = None, config_params: Any = None) -> tuple[Any, Any, Any, Any]:
+    """DeepSpeed's ``initialize`` with its exact parameter order, onto :func:`zerorun.initialize`.
+
+    Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``; ``config`` (or
+    ``config_params``) wins over ``args.deepspeed_config``.
+    """
+    if mesh_param is not None:
+        unsupported("device meshes (initialize(mesh_param=...))")
+    return api.initialize(model=model, optimizer=optimizer, model_parameters=model_parameters,
+                          config=config if config is not None else config_params, lr_scheduler=lr_scheduler,
+                          training_data=training_data, collate_fn=collate_fn,
+                          dist_init_required=dist_init_required, args=args, mpu=mpu)
+
+
+_MISSING = {
+    "checkpointing": "activation checkpointing (deepspeed.checkpointing; use torch.utils.checkpoint)",
+    "pipe": "pipeline parallelism (deepspeed.pipe)",
+    "moe": "mixture of experts (deepspeed.moe)",
+    "inference": "inference injection (deepspeed.inference)",
+    "module_inject": "inference kernel injection (deepspeed.module_inject)",
+    "profiling": "the flops profiler (deepspeed.profiling)",
+    "compression": "model compression (deepspeed.compression)",
+    "sequence": "sequence parallelism (deepspeed.sequence)",
+    "DeepSpeedTransformerLayer": "fused transformer kernels (deepspeed.DeepSpeedTransformerLayer)",
+    "DeepSpeedTransformerConfig": "fused transformer kernels (deepspeed.DeepSpeedTransformerConfig)",
+    "OnDevice": "deepspeed.OnDevice (meta-device construction)",
+}
+
+
+def missing_attribute(name: str) -> Any:
+    """``deepspeed.<name>`` that is not defined: a named feature zerorun lacks, else AttributeError."""
+    if name in _MISSING:
+        raise UnsupportedAttribute(f"DeepSpeed's {_MISSING[name]} is not implemented by zerorun (running as "
+                                   "`deepspeed`)", "remove it from the script, or run it with real DeepSpeed")
+    raise AttributeError(f"module 'deepspeed' (zerorun's compatibility package) has no attribute {name!r}")
 
 
 def add_tuning_arguments(parser: Any) -> Any:

@@ -26,3 +26,20 @@ def unsupported_class(name: str, feature: str) -> type:
         unsupported(feature)
 
     return type(name, (), {"__init__": __init__, "__doc__": f"Not implemented by zerorun: {feature}."})
+
+
+class UnsupportedAttribute(UnsupportedFeature, AttributeError):
+    """Reading a ``deepspeed`` attribute zerorun does not implement (an AttributeError, so
+    ``hasattr`` probes answer False while direct use names the feature)."""
+
+
+class UnsupportedImport(UnsupportedFeature, ImportError):
+    """Importing a ``deepspeed`` submodule zerorun does not implement (an ImportError, so
+    ``try: import ... except ImportError`` feature probes in integrations still work)."""
+
+
+def unsupported_module(feature: str, hint: str | None = None) -> NoReturn:
+    """Called at the top of a ``deepspeed`` submodule that zerorun does not implement."""
+    raise UnsupportedImport(
+        f"DeepSpeed's {feature} is not implemented by zerorun (running as `deepspeed`)",
+        hint or "remove it from the script, or run the script with real DeepSpeed installed (without --as_deepspeed)")

@@ -1,8 +1,7 @@
-"""``deepspeed.utils``: ``logger``, ``log_dist`` and the ``safe_get_*`` accessors of full tensors.
+"""``deepspeed.utils``: ``logger`` (DeepSpeed's logger name and format) and ``log_dist``.
 
-``safe_get_full_fp32_param(p)`` / ``safe_get_full_grad(p)`` return the whole fp32
-parameter / gradient of ``p`` on every rank whatever the stage (a collective: every
-rank calls it), as DeepSpeed's do. They read the engine that owns ``p``.
+``safe_get_full_fp32_param`` / ``safe_get_full_grad`` are named here but not implemented:
+they raise, pointing at ``deepspeed.zero.GatheredParameters`` for full weights.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from zerorun.compat.unsupported import unsupported
 
 logger = logging.getLogger("DeepSpeed")
 if not logger.handlers:  # DeepSpeed's logger prints INFO to stdout with its own prefix
@@ -44,18 +45,18 @@ def print_json_dist(message: Any, ranks: Iterable[int] | None = None, path: str 
     log_dist(json.dumps(message), ranks)
 
 
-def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
-    """The full fp32 value of ``param`` on every rank (gathers shards at stage 3)."""
-    from zerorun.compat.full_tensors import full_fp32_param
+_FULL_HINT = ("read full weights inside `with deepspeed.zero.GatheredParameters(params):`; "
+              "the gradient norm is engine.get_global_grad_norm()")
 
-    return full_fp32_param(param)
+
+def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
+    """Not implemented: the fp32 master of one parameter, gathered from its shards."""
+    unsupported("deepspeed.utils.safe_get_full_fp32_param", _FULL_HINT)
 
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
-    """The full, reduced fp32 gradient of ``param`` on every rank, after ``backward`` (None if it has none)."""
-    from zerorun.compat.full_tensors import full_grad
-
-    return full_grad(param)
+    """Not implemented: the reduced gradient of one parameter, gathered from its shards."""
+    unsupported("deepspeed.utils.safe_get_full_grad", _FULL_HINT)
 
 
 __all__ = ["log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param", "safe_get_full_grad"]

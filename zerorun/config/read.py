@@ -165,7 +165,12 @@ def _read_file(path: Path) -> Any:
         raise ConfigError(
             str(path), [problem], hint="check the path (relative paths start at the working directory)"
         )
-    text = path.read_text(encoding="utf-8-sig")  # -sig: a leading byte-order mark is dropped
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a leading byte-order mark is dropped
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        problem = Problem("", f"not UTF-8 text: byte 0x{err.object[err.start]:02x} at line {line} cannot be decoded")
+        raise ConfigError(str(path), [problem], hint="save the config as UTF-8 (JSON and YAML files are UTF-8)") from None
     is_json = path.suffix.lower() == ".json" or (
         path.suffix.lower() not in (".yaml", ".yml") and strip_json_comments(text).lstrip().startswith("{")
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from zerorun.config.noop import keys_without_effect
 from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
@@ -124,6 +125,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
     ((f"{ZERO}.stage", "fp16", "bf16"), master_weights_need_zero),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
+    ((), keys_without_effect),
 )
 
 
@@ -141,6 +143,11 @@ def check_rules(cfg: ZerorunConfig, given: frozenset[str], invalid: frozenset[st
     return problems
 
 
+TESTED_CLIENT_OPTIMIZERS = (*OPTIMIZERS, "FusedAdam", "DeepSpeedCPUAdam")
+"""Client optimizer classes ZeRO runs without ``zero_allow_untested_optimizer`` (the last two:
+``deepspeed.ops.adam`` under ``--as_deepspeed``, torch's Adam underneath)."""
+
+
 def check_client_optimizer(
     cfg: ZerorunConfig, has_client_optimizer: bool, client_optimizer_name: str | None = None
 ) -> None:
@@ -156,7 +163,7 @@ def check_client_optimizer(
             f"initialize: optimizer: the config's optimizer block ({cfg.optimizer.type}) is ignored: "
             f"initialize() was given an optimizer ({client_optimizer_name or 'a client optimizer'}), which is "
             "used, as DeepSpeed does (remove one of the two to silence this)"), stacklevel=3)
-    untested = client_optimizer_name is not None and client_optimizer_name not in OPTIMIZERS
+    untested = client_optimizer_name is not None and client_optimizer_name not in TESTED_CLIENT_OPTIMIZERS
     if (
         has_client_optimizer
         and untested

@@ -190,4 +190,5 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     if training_data is not None:
         loader = build_dataloader(training_data, engine.train_micro_batch_size_per_gpu(), ctx.rank,
                                   ctx.world_size, collate_fn)
+        engine.training_dataloader = loader
     return engine, opt, loader, scheduler

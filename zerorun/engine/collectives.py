@@ -17,6 +17,13 @@ its chunk as a view, no copy) and say so in :meth:`CommCounter.snapshot` (``via`
 the counted figure stays the logical reduce-scatter while the transport is honest. The
 all-gather on gloo is likewise an all-reduce of the buffer with the other ranks' chunks
 zeroed (exact, and faster there than gloo's own all-gather); on NCCL both are native.
+Which one runs is decided from the group's device->backend map (see
+:mod:`zerorun.engine.bootstrap`), not from the backend's name.
+
+Every tensor a collective sees lives on the group's device (:attr:`Collectives.device`):
+a blocking collective on a tensor elsewhere (a host scalar, an offloaded shard) is run
+on a device copy that is copied back, so NCCL never sees a CPU tensor; an asynchronous
+one is refused, since the copy back would have to wait anyway.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zerorun.engine.bootstrap import choose_device_type, group_backends, native_scatter
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 
@@ -92,8 +101,14 @@ class Collectives:
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
-        backend = dist.get_backend(group) if group is not None else "none"
-        self.native_reduce_scatter = backend == "nccl"
+        backend, self.device = "none", torch.device("cpu")
+        if group is not None:
+            backends = group_backends(group)
+            device_type = choose_device_type(backends, torch.cuda.is_available())
+            backend = backends[device_type]
+            self.device = (torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda"
+                           else torch.device(device_type))
+        self.native_reduce_scatter = native_scatter(backend)
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "all_reduce (gloo has no native reduce-scatter)"
             self.counter.via["all_gather"] = "all_reduce of the zero-filled buffer (faster than gloo's all-gather)"
@@ -107,8 +122,37 @@ class Collectives:
         self.counter.add("all_reduce", tensor)
         if not self._live():
             return Pending(None)
-        work = dist.all_reduce(tensor, op=op, group=self.group, async_op=async_op)
-        return Pending(work if async_op else None)
+        return self._run(tensor, async_op, lambda t: dist.all_reduce(t, op=op, group=self.group,
+                                                                      async_op=async_op))
+
+    def all_true(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank (one MIN all-reduce of a flag on the device).
+
+        A control message, not model state: it is not counted, so the per-step figures
+        stay the ZeRO arithmetic.
+        """
+        if not self._live():
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def _run(self, tensor: torch.Tensor, async_op: bool,
+             fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
+        """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
+        if tensor.device.type == self.device.type:
+            work = fn(tensor)
+            return Pending(work if async_op else None)
+        if async_op:
+            raise AssertionError(f"an asynchronous collective got a {tensor.device} tensor, "
+                                 f"but the group's device is {self.device}")
+        staged = self._device_copy(tensor)
+        fn(staged)
+        tensor.copy_(staged)
+        return Pending(None)
+
+    def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device)
 
     def reduce_scatter(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
@@ -120,11 +164,9 @@ class Collectives:
         if not self._live():
             return Pending(None)
         if self.native_reduce_scatter:
-            out = self.shard_of(flat)
-            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=async_op)
-        else:
-            work = dist.all_reduce(flat, group=self.group, async_op=async_op)
-        return Pending(work if async_op else None)
+            return self._run(flat, async_op, lambda t: dist.reduce_scatter_tensor(
+                self.shard_of(t), t, group=self.group, async_op=async_op))
+        return self._run(flat, async_op, lambda t: dist.all_reduce(t, group=self.group, async_op=async_op))
 
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
@@ -132,22 +174,21 @@ class Collectives:
         if not self._live():
             return Pending(None)
         if self.native_reduce_scatter:
-            work = dist.all_gather_into_tensor(flat, self.shard_of(flat), group=self.group, async_op=async_op)
-        else:
-            # gloo: zero the other ranks' chunks and sum - exact (x + 0 == x), and measured ~20-30%
-            # faster on CPU than gloo's all_gather / all_gather_into_tensor for 20 MB buckets
-            size = flat.numel() // self.world_size
-            if self.rank > 0:
-                flat.narrow(0, 0, self.rank * size).zero_()
-            if self.rank < self.world_size - 1:
-                flat.narrow(0, (self.rank + 1) * size, flat.numel() - (self.rank + 1) * size).zero_()
-            work = dist.all_reduce(flat, group=self.group, async_op=async_op)
-        return Pending(work if async_op else None)
+            return self._run(flat, async_op, lambda t: dist.all_gather_into_tensor(
+                t, self.shard_of(t), group=self.group, async_op=async_op))
+        # gloo: zero the other ranks' chunks and sum - exact (x + 0 == x), and measured ~20-30%
+        # faster on CPU than gloo's all_gather / all_gather_into_tensor for 20 MB buckets
+        size = flat.numel() // self.world_size
+        if self.rank > 0:
+            flat.narrow(0, 0, self.rank * size).zero_()
+        if self.rank < self.world_size - 1:
+            flat.narrow(0, (self.rank + 1) * size, flat.numel() - (self.rank + 1) * size).zero_()
+        return self._run(flat, async_op, lambda t: dist.all_reduce(t, group=self.group, async_op=async_op))
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.counter.add("broadcast", tensor)
         if self._live():
-            dist.broadcast(tensor, src=src, group=self.group)
+            self._run(tensor, False, lambda t: dist.broadcast(t, src=src, group=self.group))
 
     def shard_of(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous chunk of a flat buffer padded to a multiple of the world size."""

@@ -61,6 +61,8 @@ class Engine(DeepSpeedSurface, HfSurface):
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0
+        self.training_dataloader: Any = None
+        """The loader ``initialize(training_data=...)`` built; checkpoints carry its data position."""
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
         self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
@@ -126,9 +128,13 @@ class Engine(DeepSpeedSurface, HfSurface):
         if self.ctx.rank != 0 or not every or self.global_steps % every:
             return
         loss = float(self._last_loss) if self._last_loss is not None else None
+        # global_steps counts optimizer steps from 1 (DeepSpeed's numbering): the first step is "step 1"
         line = figures.format_progress(self.global_steps, loss, self.get_lr(), self.throughput.rates(),
                                        self.loss_scale, self.skipped_steps)
         print(f"[zerorun] {line}", flush=True)
+        if self.config.memory_breakdown:
+            print(f"[zerorun] step {self.global_steps} memory: {figures.format_memory(self.memory_breakdown())}",
+                  flush=True)
 
     # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
     def zero_grad(self) -> None:

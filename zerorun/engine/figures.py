@@ -79,3 +79,11 @@ def format_progress(step: int, loss: float | None, lr: list[float], rates: dict[
     if loss_scale != 1.0 or skipped:
         parts.append(f"loss_scale {loss_scale:g} skipped {skipped}")
     return " | ".join(parts)
+
+
+def format_memory(breakdown: dict[str, int]) -> str:
+    """``memory_breakdown()`` for people: ``params 1.50 MiB | gradients ... | total 6.00 MiB``."""
+    from zerorun.estimate.counts import human_bytes
+
+    parts = [f"{key} {human_bytes(value)}" for key, value in breakdown.items()]
+    return " | ".join([*parts, f"total {human_bytes(sum(breakdown.values()))}"])

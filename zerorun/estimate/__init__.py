@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from zerorun.estimate.activations import ActivationPolicy, activation_bytes, layer_activation_bytes
 from zerorun.estimate.buffers import Buckets, buffer_terms
-from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_param_count
+from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_gpu_memory, parse_param_count
 from zerorun.estimate.memory_model import (
     DEFAULT_OVERHEAD,
-    RECOMMEND_HEADROOM,
+    FIT_HEADROOM,
     Estimate,
     EstimateRequest,
     Recommendation,
@@ -21,9 +21,12 @@ from zerorun.estimate.memory_model import (
     estimate_row,
     placements,
     recommend,
+    usable_bytes,
 )
 from zerorun.estimate.model_states import (
+    PAPER_REFERENCE,
     Dtype,
+    Layout,
     ModelStates,
     Offload,
     Optimizer,
@@ -32,13 +35,14 @@ from zerorun.estimate.model_states import (
     Training,
     engine_breakdown,
     model_states,
+    paper_reference,
 )
 from zerorun.estimate.shape import ModelShape, ShapeError, shape_from_hf_config
 
 __all__ = [
-    "DEFAULT_OVERHEAD", "RECOMMEND_HEADROOM", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
+    "DEFAULT_OVERHEAD", "FIT_HEADROOM", "PAPER_REFERENCE", "Layout", "paper_reference", "usable_bytes", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
     "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
     "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
-    "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes",
+    "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes", "parse_gpu_memory",
     "parse_param_count", "placements", "recommend", "shape_from_hf_config",
 ]

@@ -61,6 +61,32 @@ def parse_bytes(text: str | int) -> int:
     return round(value)
 
 
+GPU_MEMORY_RANGE = (2**26, 2**46)
+"""64 MiB to 64 TiB: a per-GPU memory outside this is a typo (``80`` meant as bytes, ``80TB``)."""
+
+
+def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> int:
+    """Memory per GPU: ``80GB``, ``80GiB``, ``80G`` (binary); a bare number is GiB, as GPUs are sold.
+
+    A value outside ``GPU_MEMORY_RANGE`` is an error, not a chart of absurd numbers.
+    """
+    bare = _COUNT_RE.match(str(text))
+    value = parse_bytes(f"{text}GiB" if bare and not bare.group(2) else text)
+    lo, hi = GPU_MEMORY_RANGE
+    if not lo <= value <= hi:
+        raise CountError(f"{flag} {text!r} is {value / GiB:.3g} GiB, not the memory of one GPU",
+                         hint=f"give the memory of one GPU, e.g. {flag} 80GB or {flag} 24 (GiB)")
+    return value
+
+
 def gib(n_bytes: float) -> float:
     """Bytes to GiB (2**30 bytes), the unit every table of the estimator prints."""
     return n_bytes / GiB
+
+
+def human_bytes(n_bytes: float) -> str:
+    """``1536`` -> ``1.50 KiB``, ``3 * 2**30`` -> ``3.00 GiB``: sizes as people read them."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{int(n_bytes)} B"

@@ -14,11 +14,29 @@ from typing import Any
 from zerorun.estimate.activations import ActivationPolicy, activation_bytes
 from zerorun.estimate.buffers import Buckets, buffer_terms
 from zerorun.estimate.counts import GiB, gib
-from zerorun.estimate.model_states import Offload, Placement, Training, model_states
+from zerorun.estimate.model_states import (
+    PAPER_REFERENCE,
+    Offload,
+    Placement,
+    Training,
+    model_states,
+    paper_reference,
+)
 from zerorun.estimate.shape import ModelShape
 
 DEFAULT_OVERHEAD = 1 * GiB
 """CUDA context (~0.3-0.5 GiB), NCCL buffers and allocator slack: 1 GiB unless --overhead."""
+
+FIT_HEADROOM = 0.05
+"""The one fit threshold: a configuration fits when it leaves this fraction of the GPU free
+(fragmentation, the user's own tensors). ``estimate``'s ``fits``, its recommendation and
+``autotune``'s pruning all use it."""
+
+
+def usable_bytes(gpu_memory: int, headroom: float = FIT_HEADROOM) -> int:
+    """The bytes of a GPU a configuration may use: its memory less the headroom."""
+    return int(gpu_memory * (1 - headroom))
+
 
 GPU_TERMS = ("params", "gradients", "optimizer_states", "grad_accum", "buffers", "activations", "overhead")
 
@@ -92,8 +110,17 @@ class Estimate:
     rows: list[Row]
     recommendation: Recommendation
 
+    def assumptions(self) -> dict[str, Any] | None:
+        """What the activation term assumed (None: activations not counted, no shape)."""
+        shape, policy = self.request.shape, self.request.activation_policy
+        if shape is None:
+            return None
+        return {"seq_len": shape.seq_len, "micro_batch": shape.micro_batch,
+                "activation_checkpointing": policy.checkpointing, "flash_attention": policy.flash_attention}
+
     def to_json(self) -> dict[str, Any]:
         r = self.request
+        reference = paper_reference(r.training)
         return {
             "params": r.training.params,
             "gpus": r.gpus_per_node,
@@ -102,7 +129,14 @@ class Estimate:
             "dtype": r.training.dtype.value,
             "optimizer": r.training.optimizer.value,
             "gpu_memory_bytes": r.gpu_memory,
+            "fit_headroom": FIT_HEADROOM,
+            "usable_bytes": None if r.gpu_memory is None else usable_bytes(r.gpu_memory),
+            "layout": "engine (fp32 gradient shard at stages 2-3)" if r.training.fp32_gradient_shard
+            else "deepspeed (16-bit gradients + fp32 copy)" if r.training.fp32_grad_accum else r.training.layout.value,
+            "activations": self.assumptions(),
             "rows": [row.to_json() for row in self.rows],
+            "paper_reference": {"source": PAPER_REFERENCE,
+                                "model_states_bytes": {str(k): v for k, v in reference.items()}},
             "recommendation": self.recommendation.to_json(),
         }
 
@@ -140,7 +174,7 @@ def estimate_row(request: EstimateRequest, placement: Placement) -> Row:
         model_states=states.total,
         cpu_per_node=states.cpu * request.gpus_per_node,
         nvme_per_node=states.nvme * request.gpus_per_node,
-        fits=None if request.gpu_memory is None else total <= request.gpu_memory,
+        fits=None if request.gpu_memory is None else total <= usable_bytes(request.gpu_memory),
     )
 
 
@@ -159,35 +193,26 @@ def communication_rank(placement: Placement) -> tuple[int, int]:
     return level, placement.stage
 
 
-RECOMMEND_HEADROOM = 0.10
-"""Fraction of the GPU the recommendation leaves free for fragmentation and what no model sees."""
-
-
-def recommend(rows: list[Row], gpu_memory: int | None, headroom: float = RECOMMEND_HEADROOM) -> Recommendation:
-    """The configuration with the least communication that fits with ``headroom`` to spare
-    (or, failing that, the least-communication one that fits at all, flagged as tight)."""
+def recommend(rows: list[Row], gpu_memory: int | None, headroom: float = FIT_HEADROOM) -> Recommendation:
+    """The configuration with the least communication that fits (``FIT_HEADROOM`` kept free)."""
     if gpu_memory is None:
         return Recommendation(None, "GPU memory unknown: pass --gpu-memory (e.g. 80GB) to get a recommendation")
+    usable = usable_bytes(gpu_memory, headroom)
     ranked = sorted(rows, key=lambda row: communication_rank(row.placement))
-    roomy = [row for row in ranked if row.total <= gpu_memory * (1 - headroom)]
-    fitting = roomy or [row for row in ranked if row.total <= gpu_memory]
+    fitting = [row for row in ranked if row.total <= usable]
     if not fitting:
         smallest = min(rows, key=lambda row: row.total)
         return Recommendation(
             None,
-            f"nothing fits in {gib(gpu_memory):.1f} GiB; the smallest is {smallest.placement.label} "
-            f"at {gib(smallest.total):.1f} GiB per GPU: add GPUs, offload, or shrink the micro batch",
+            f"nothing fits in {gib(usable):.1f} GiB usable ({gib(gpu_memory):.1f} GiB less {headroom:.0%}); the "
+            f"smallest is {smallest.placement.label} at {gib(smallest.total):.1f} GiB per GPU: add GPUs, offload, "
+            "or shrink the micro batch",
         )
     best = fitting[0]
     reason = (
-        f"{best.placement.label} is the configuration with the least communication that fits "
-        f"with {headroom:.0%} to spare: {gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB per GPU"
+        f"{best.placement.label} is the configuration with the least communication that fits: "
+        f"{gib(best.total):.1f} of {gib(usable):.1f} GiB usable per GPU ({gib(gpu_memory):.1f} GiB less {headroom:.0%})"
     )
-    if not roomy:
-        reason = (
-            f"{best.placement.label} fits, but tightly: {gib(best.total):.1f} of {gib(gpu_memory):.1f} GiB "
-            f"per GPU, less than {headroom:.0%} to spare"
-        )
     cheaper = ranked[: ranked.index(best)]
     if cheaper:
         closest = min(cheaper, key=lambda row: row.total)

@@ -6,8 +6,11 @@ fp32 master 4, m 4, v 4), per GPU
 
     stage 0: 16Ψ    stage 1: 4Ψ + 12Ψ/N    stage 2: 2Ψ + 14Ψ/N    stage 3: 16Ψ/N
 
-where N is the total number of GPUs. A shard is ceil(Ψ/N) elements: the engine pads
-its flat buffers to a multiple of N, so this is what a rank really holds.
+where N is the total number of GPUs. That is ``Layout.PAPER``, kept as a reference.
+The default, ``Layout.ENGINE``, is what the bundled engine holds: at stages 2 and 3
+it keeps the rank's gradient shard in fp32 (4 bytes per element, not 2), so stage 2
+is 2Ψ + 16Ψ/N and stage 3 18Ψ/N. A shard is ceil(Ψ/N) elements: the engine pads its
+flat buffers to a multiple of N, so this is what a rank really holds.
 """
 
 from __future__ import annotations
@@ -61,6 +64,15 @@ class PlacementError(ZerorunError):
     """A stage/offload combination that the engine does not run."""
 
 
+class Layout(str, Enum):
+    """Whose memory layout the arithmetic describes."""
+
+    ENGINE = "engine"
+    """The bundled engine: an fp32 gradient shard at stages 2-3 (its ``memory_breakdown``)."""
+    PAPER = "paper"
+    """The ZeRO paper's Fig. 1: 16-bit gradients everywhere (a reference, not a prediction)."""
+
+
 @dataclass(frozen=True)
 class Training:
     """What is trained: Ψ parameters on ``world_size`` GPUs in total."""
@@ -69,7 +81,13 @@ class Training:
     world_size: int
     dtype: Dtype = Dtype.BF16
     optimizer: Optimizer = Optimizer.ADAM
-    fp32_grad_accum: bool = False  # DeepSpeed's fp32 gradient copy (its "18 bytes per parameter")
+    fp32_grad_accum: bool = False  # DeepSpeed's own layout: 16-bit gradients plus an fp32 copy (its "18 B/param")
+    layout: Layout = Layout.ENGINE
+
+    @property
+    def fp32_gradient_shard(self) -> bool:
+        """The engine's layout: the sharded gradient (stages 2-3) is held in fp32."""
+        return self.layout is Layout.ENGINE and not self.fp32_grad_accum
 
     def shard(self, stage_shards: bool) -> int:
         """Elements of one per-rank shard when sharded, else all Ψ."""
@@ -139,7 +157,8 @@ def model_states(training: Training, placement: Placement) -> ModelStates:
     stage = placement.stage
     dtype = training.dtype
     params = training.shard(stage >= 3) * dtype.nbytes
-    gradients = training.shard(stage >= 2) * dtype.nbytes
+    grad_elem = 4 if training.fp32_gradient_shard and stage >= 2 else dtype.nbytes
+    gradients = training.shard(stage >= 2) * grad_elem
     opt_elems = training.shard(stage >= 1)
     master = opt_elems * 4 if dtype.mixed else 0
     states = opt_elems * training.optimizer.state_bytes
@@ -186,13 +205,22 @@ def engine_breakdown(
     paper's layout. ``buffers`` is passed through: what counts as a buffer depends on
     the engine's bucket settings (``buffers.buffer_terms`` estimates those).
     """
-    training = Training(params, world_size, Dtype(dtype), Optimizer(optimizer))
+    layout = Layout.ENGINE if fp32_gradient_shard else Layout.PAPER
+    training = Training(params, world_size, Dtype(dtype), Optimizer(optimizer), layout=layout)
     states = model_states(training, Placement(stage))
-    gradients = training.shard(True) * 4 if fp32_gradient_shard and stage >= 2 else states.gradients
     return {
         "params": states.params,
-        "gradients": gradients,
+        "gradients": states.gradients,
         "master_params": states.master_params,
         "optimizer_states": states.optimizer_states,
         "buffers": buffers,
     }
+
+
+PAPER_REFERENCE = "Rajbhandari et al. 2020 (arXiv:1910.02054), Fig. 1: model states only, 16-bit gradients"
+
+
+def paper_reference(training: Training) -> dict[int, int]:
+    """Per stage, the model-state bytes per GPU that the paper's arithmetic gives (no offload)."""
+    paper = Training(training.params, training.world_size, training.dtype, training.optimizer, layout=Layout.PAPER)
+    return {stage: model_states(paper, Placement(stage)).total for stage in range(4)}

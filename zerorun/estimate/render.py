@@ -11,18 +11,20 @@ from rich.table import Table
 from rich.text import Text
 
 from zerorun.estimate.counts import gib
-from zerorun.estimate.memory_model import Estimate, Row
+from zerorun.estimate.memory_model import FIT_HEADROOM, Estimate, Row, usable_bytes
+from zerorun.estimate.model_states import Offload, Placement, paper_reference
 
 # term -> (column header, bar character, colour); distinct characters keep the bars readable without colour
 TERMS: dict[str, tuple[str, str, str]] = {
     "params": ("params", "█", "blue"),
     "gradients": ("grads", "▓", "green"),
     "optimizer_states": ("optim", "▒", "yellow"),
-    "grad_accum": ("fp32 grad", "░", "dark_orange"),
-    "buffers": ("buffers", "≡", "magenta"),
-    "activations": ("activ.", "#", "red"),
+    "grad_accum": ("f32grad", "░", "dark_orange"),
+    "buffers": ("buf", "≡", "magenta"),
+    "activations": ("activ", "#", "red"),
     "overhead": ("overhead", "·", "grey50"),
 }
+TABLE_TERMS = [t for t in TERMS if t != "overhead"]  # the same for every row: said in the caption
 BAR_WIDTH = 44
 
 
@@ -36,34 +38,70 @@ def _fits(row: Row) -> Text:
     return Text("yes", style="green") if row.fits else Text("no", style="red")
 
 
+def _offload(placement: Placement) -> str:
+    """``-``, ``opt:cpu``, ``opt+par:cpu`` (both on one device) or ``opt:cpu par:nvme``: short for 80 columns."""
+    opt, par = placement.offload_optimizer, placement.offload_param
+    if opt is par and opt is not Offload.NONE:
+        return f"opt+par:{opt.value}"
+    return placement.offload_label
+
+
+def assumptions_line(est: Estimate) -> str:
+    """What the activation column assumed, or why there is none."""
+    facts = est.assumptions()
+    if facts is None:
+        return "activations: not counted (give --model config.json, or --hidden/--layers/--heads)"
+    shape = est.request.shape
+    source = "" if shape is None or shape.seq_source == "--seq-len" else f" ({shape.seq_source})"
+    policy = [name for name, on in (("activation checkpointing", facts["activation_checkpointing"]),
+                                    ("flash attention", facts["flash_attention"])) if on]
+    return (f"activations: sequence length {facts['seq_len']}{source} x micro batch {facts['micro_batch']} "
+            f"per GPU, {', '.join(policy) or 'no checkpointing, no flash attention'}")
+
+
+def reference_line(est: Estimate) -> str:
+    """The paper's arithmetic per stage, labelled as a reference."""
+    reference = paper_reference(est.request.training)
+    cells = ", ".join(f"stage {stage} {gib(value):.1f}" for stage, value in reference.items())
+    return f"reference, ZeRO paper (model states, 16-bit gradients): {cells} GiB"
+
+
 def estimate_table(est: Estimate) -> Table:
-    """One row per stage/offload variant; every memory column in GiB (2^30 bytes)."""
+    """One row per stage/offload variant; every memory column in GiB (2^30 bytes).
+
+    ``stage`` and ``fits`` never wrap or drop, even at 80 columns: the other
+    columns are short numbers and the constant overhead is said in the caption.
+    """
     r = est.request
-    shown = [t for t in TERMS if any(row.gpu[t] for row in est.rows)]
+    shown = [t for t in TABLE_TERMS if any(row.gpu[t] for row in est.rows)]
     any_nvme = any(row.nvme_per_node for row in est.rows)
     title = (
         f"{r.training.params:,} parameters ({r.training.params / 1e9:.2f}B), {r.training.dtype.value}, "
         f"{r.training.optimizer.value}, {r.nodes} node(s) x {r.gpus_per_node} GPU(s) = {r.training.world_size}"
     )
+    fit = "" if r.gpu_memory is None else f"; fits: within {gib(usable_bytes(r.gpu_memory)):.1f} GiB " \
+        f"({1 - FIT_HEADROOM:.0%} of {gib(r.gpu_memory):.1f})"
     table = Table(
         title=title,
-        caption="GiB (2^30 bytes) per GPU, CPU per node; * = recommended",
+        caption=f"GiB (2^30 bytes) per GPU incl. {gib(r.overhead):.1f} overhead, CPU per node; "
+        f"* = recommended{fit}",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        padding=(0, 0),
     )
-    table.add_column("stage", justify="center")
+    table.add_column("stage", justify="center", no_wrap=True, min_width=5)
     table.add_column("offload", no_wrap=True)
     for t in shown:
         table.add_column(TERMS[t][0], justify="right", no_wrap=True)
-    table.add_column("total", justify="right", style="bold", no_wrap=True)
-    table.add_column("CPU/node", justify="right", no_wrap=True)
+    table.add_column("total", justify="right", style="bold", no_wrap=True, min_width=5)
+    table.add_column("CPU", justify="right", no_wrap=True)
     if any_nvme:
-        table.add_column("NVMe/node", justify="right", no_wrap=True)
-    table.add_column("fits", justify="center")
+        table.add_column("NVMe", justify="right", no_wrap=True)
+    table.add_column("fits", justify="center", no_wrap=True, min_width=4)
     for row in est.rows:
         best = est.recommendation.row is row
         style = "bold" if best else ""
-        cells = [Text(f"{row.placement.stage}{' *' if best else ''}", style=style), Text(row.placement.offload_label, style=style)]
+        cells = [Text(f"{row.placement.stage}{' *' if best else ''}", style=style), Text(_offload(row.placement), style=style)]
         cells += [Text(_fmt(row.gpu[t])) for t in shown]
         cells += [Text(f"{gib(row.total):.1f}"), Text(_fmt(row.cpu_per_node))]
         if any_nvme:
@@ -127,6 +165,8 @@ def print_estimate(est: Estimate, console: Console, notes: list[str]) -> None:
         console.print(f"[bold green]recommended:[/] {rec.reason}", soft_wrap=True)
     else:
         console.print(f"[bold yellow]no recommendation:[/] {rec.reason}", soft_wrap=True)
+    console.print(assumptions_line(est), soft_wrap=True, markup=False)
+    console.print(f"[dim]{reference_line(est)}[/]", soft_wrap=True)
     console.print(bars(est))
     console.print(legend(est))
     for note in notes:

@@ -24,7 +24,9 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads"),
     "vocab": ("vocab_size", "padded_vocab_size"),
     "ffn": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size"),
+    "positions": ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx"),
 }
+DEFAULT_SEQ_LEN = 2048
 _GATED_ACTS = {"silu", "swish", "swiglu", "geglu", "gelu_pytorch_tanh_gated"}
 _GATED_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2"}
 
@@ -45,8 +47,9 @@ class ModelShape:
     kv_heads: int = 0  # 0: heads (multi-head attention)
     gated_mlp: bool = False
     tied_embeddings: bool = True
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     micro_batch: int = 1
+    seq_source: str = "default"  # where seq_len came from: --seq-len, the model config's key, or the default
 
     @property
     def ffn_size(self) -> int:
@@ -83,6 +86,10 @@ def _first(config: dict[str, Any], field: str) -> Any:
     return None
 
 
+def _found(config: dict[str, Any], field: str) -> str | None:
+    return next((key for key in _KEYS[field] if config.get(key) is not None), None)
+
+
 def shape_from_hf_config(
     path: str | Path, *, seq_len: int | None = None, micro_batch: int = 1
 ) -> ModelShape:
@@ -116,7 +123,8 @@ def shape_from_hf_config(
         kv_heads=int(values["kv_heads"] or 0),
         gated_mlp=gated,
         tied_embeddings=bool(config.get("tie_word_embeddings", True)),
-        # Not max_position_embeddings: training usually runs far shorter than the context limit.
-        seq_len=int(seq_len or 2048),
+        # The model's context length unless --seq-len says otherwise; the table shows which.
+        seq_len=int(seq_len or values["positions"] or DEFAULT_SEQ_LEN),
         micro_batch=micro_batch,
+        seq_source="--seq-len" if seq_len else _found(config, "positions") or "default",
     )

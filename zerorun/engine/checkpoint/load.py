@@ -87,6 +87,16 @@ def check_model(manifest: Manifest, path: Path, current: tuple[Any, ...], strict
                               "or convert it with `zerorun convert` and load the tensors you need")
 
 
+def group_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, Any]:
+    return next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
+
+
+def scalar_state_device(group: dict[str, Any], param_device: torch.device) -> torch.device:
+    """Where torch.optim keeps a scalar state (Adam's ``step``): on the parameter's device for
+    fused or capturable optimizers, on the CPU otherwise (the saved files are read to the CPU)."""
+    return param_device if group.get("fused") or group.get("capturable") else torch.device("cpu")
+
+
 def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, Any]], optimizer_states: bool) -> None:
     masters = engine.parts.masters.masters
     if optimizer_states:
@@ -106,7 +116,8 @@ def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, An
                         st[k] = torch.zeros_like(dst.data, dtype=v.dtype)
                     st[k].view(-1).narrow(0, c.dst_pos, c.length).copy_(v.narrow(0, c.src_pos, c.length))
                 elif k not in st:
-                    st[k] = v.clone() if torch.is_tensor(v) else v
+                    st[k] = v.to(scalar_state_device(group_of(engine.optimizer, dst), dst.device), copy=True) \
+                        if torch.is_tensor(v) else v
 
 
 def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,

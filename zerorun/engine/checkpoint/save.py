@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from zerorun import __version__
 from zerorun.engine.checkpoint import atomic, layout, state
@@ -56,10 +55,7 @@ def agree(engine: Any, error: BaseException | None, what: str) -> None:
     Every failure of a step is caught and carried by this one all-reduce, so a rank that
     fails never leaves the others waiting in the next collective.
     """
-    flag = torch.tensor([0 if error is not None else 1], dtype=torch.int32)
-    if engine.ctx.world_size > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=engine.ctx.group)
-    if flag.item():
+    if engine.coll.all_true(error is None):  # a flag on the group's device (NCCL takes no CPU tensor)
         return
     hint = "check that the directory is writable and has free space on every node; " \
            "the previous checkpoint and `latest` are untouched"

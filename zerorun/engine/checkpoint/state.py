@@ -1,7 +1,9 @@
-"""The engine's small state: step counters, loss scaler, scheduler, optimizer hyper-parameters, RNG.
+"""The engine's small state: step counters, loss scaler, scheduler, optimizer hyper-parameters, RNG,
+and the data position of ``engine.training_dataloader``.
 
 Saved in every rank file (RNG streams differ per rank). Loading at a new world size,
-rank ``r`` takes the RNG states of saved rank ``r mod N``.
+rank ``r`` takes the RNG states of saved rank ``r mod N``; the data position is global
+(samples read in the epoch), so every rank's copy is the same.
 """
 
 from __future__ import annotations
@@ -45,7 +47,22 @@ def capture(engine: Any) -> dict[str, Any]:
         "scheduler": sched.state_dict() if sched is not None and hasattr(sched, "state_dict") else None,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
         "rng": capture_rng(),
+        "data": _loader_state(engine),
     }
+
+
+def _loader_state(engine: Any) -> dict[str, Any] | None:
+    loader = getattr(engine, "training_dataloader", None)
+    return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
+
+
+def describe(saved: dict[str, Any]) -> str:
+    """Where a restored run continues, for the one line rank 0 prints at load."""
+    text = f"global step {saved['counters']['global_steps']}"
+    data = saved.get("data")
+    if data is not None:
+        text += f", epoch {data['epoch']} after {data['samples']} samples"
+    return text
 
 
 def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
@@ -61,5 +78,10 @@ def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, schedule
     sched = engine.lr_scheduler
     if scheduler_states and sched is not None and saved["scheduler"] is not None:
         sched.load_state_dict(saved["scheduler"])
-    if rng_state:
+    if rng_state:  # DeepSpeed never restores the global RNG; only when asked
         restore_rng(saved["rng"])
+    loader = getattr(engine, "training_dataloader", None)
+    if saved.get("data") is not None and loader is not None and hasattr(loader, "load_state_dict"):
+        loader.load_state_dict(saved["data"])
+    if engine.ctx.rank == 0:  # a restarted run says where it picked up (the launcher's log shows it)
+        print(f"[zerorun] resumed at {describe(saved)}", flush=True)

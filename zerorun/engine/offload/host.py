@@ -3,8 +3,9 @@
 Wraps the stage's master shards (built non-aliased, so each is a separate fp32 copy)
 and moves every master to host memory; the optimizer then steps there (torch's CPU
 kernels: foreach, or fused for Adam/AdamW when the optimizer asks for it). At the step:
-the reduced gradient shards are copied down (``non_blocking``, one sync), the wrapped
-masters step, and their publish copies the updated masters up into the compute
+the reduced gradient shards are copied down (:class:`~zerorun.engine.offload.copies.Transfers`:
+into pinned buffers, ``non_blocking``, one event sync before the CPU step reads them), the
+wrapped masters step, and their publish copies the updated masters up into the compute
 parameters (a cross-device ``copy_``, cast to the compute dtype) before the all-gather.
 With a CPU compute device (this project's tests) every copy is a no-op on the same
 device, so the path runs but moves nothing; the GPU copies are exercised only on a GPU.
@@ -19,8 +20,6 @@ import torch
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.offload.policy import OffloadPolicy
 
-HOST = torch.device("cpu")
-
 
 class HostMasters:
     """The wrapped masters with their data in host memory; anything not overridden is delegated."""
@@ -29,8 +28,9 @@ class HostMasters:
         assert not inner.alias, "offloaded masters must be separate copies (build them with alias=False)"
         self.inner = inner
         self.policy = policy
+        self.copies = policy.transfers()
         for b, m in zip(inner.buckets, inner.masters, strict=True):
-            m.data = policy.host_copy(m.data)
+            m.data = self.copies.host_copy(m.data, torch.float32)
             if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
                 b.master = m.data
 
@@ -38,11 +38,10 @@ class HostMasters:
         return getattr(self.inner, name)
 
     def to_host(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Gradient shards as fp32 host tensors (the same tensors when they are already there)."""
-        out = [g.to(HOST, torch.float32, non_blocking=True) for g in grads]
-        if any(g.device.type == "cuda" for g in grads):
-            torch.cuda.synchronize()  # the non-blocking copies must land before the CPU step reads them
-        return out
+        """Gradient shards as fp32 host tensors (the same tensors when they are already there),
+        complete: the CPU step reads them next."""
+        self.copies.wait()  # nothing queued may still touch the masters the CPU is about to step
+        return self.copies.down(grads, torch.float32)
 
     def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
              coll: Collectives) -> None:

@@ -108,7 +108,7 @@ class NvmeMasters(HostMasters):
         tensors = self._wait([f for _, _, f in jobs])
         for (i, key, _), t in zip(jobs, tensors, strict=True):
             m = self.inner.masters[i]
-            t = t.pin_memory() if self.policy.pins else t
+            t = self.copies.pinned(t)
             if key is None:
                 m.data = t
             else:

@@ -4,8 +4,10 @@ A :class:`~zerorun.engine.partition.PartitionedBucket` at rest holds only ``loca
 rank's chunk in the compute dtype. With a :class:`ParamOffload` attached:
 
 * ``cpu``: ``local`` is a host tensor (pinned when CUDA is present and ``pin_memory``);
-  the gather copies it into the compute-device buffer (``non_blocking``) before the
-  all-gather, and the stepped shard is copied back into it after the optimizer step.
+  the gather copies it into the compute-device buffer (``non_blocking``, stream-ordered
+  before the all-gather), and the stepped shard is copied back into it after the optimizer
+  step (queued; :meth:`ParamOffload.flush` waits for it at the end of the step). All the
+  copies follow :mod:`zerorun.engine.offload.copies`.
 * ``nvme``: ``local`` is empty; the shard lives in a swap file (the optimizer offload's
   :class:`~zerorun.engine.offload.swapper.Swapper`: ``buffer_count`` I/O threads, one
   directory per process removed on close, garbage collection and interpreter exit). A
@@ -53,6 +55,7 @@ class ParamOffload:
         self.reads: dict[int, Future[torch.Tensor]] = {}
         self.writes: list[Future[None]] = []
         self.read_aheads = 0  # reads issued by the prefetch before the gather that needs them
+        self.copies = policy.transfers()
         if policy.device == "nvme":
             assert policy.nvme_path is not None
             need = sum(n * torch.empty(0, dtype=dt).element_size() for n, dt in self.meta)
@@ -66,22 +69,18 @@ class ParamOffload:
     def nvme(self) -> bool:
         return self.swapper is not None
 
-    def _host(self, t: torch.Tensor) -> torch.Tensor:
-        out = t.detach().to("cpu", copy=True)
-        return out.pin_memory() if self.policy.pins else out
-
     # ---- bucket hooks -----------------------------------------------------------------------
     def store(self, bucket: Any, shard: torch.Tensor) -> None:
         """The bucket's new resting shard (compute dtype): into host memory, or written to its file."""
         i = self.index[id(bucket)]
         if self.swapper is None:
             if bucket.local is None or bucket.local.device.type != "cpu" or bucket.local.numel() == 0:
-                bucket.local = self._host(shard)
+                bucket.local = self.copies.host_copy(shard)
             else:
-                bucket.local.copy_(shard, non_blocking=True)
+                self.copies.copy(bucket.local, shard)  # queued from a device; waited for in flush()
             return
         self.reads.pop(i, None)
-        self.writes.append(self.swapper.write(f"p{i}", self._host(shard).to(self.meta[i][1])))
+        self.writes.append(self.swapper.write(f"p{i}", self.copies.host_copy(shard, self.meta[i][1])))
         bucket.local = torch.empty(0, dtype=self.meta[i][1])
 
     def read_ahead(self, bucket: Any) -> None:
@@ -102,8 +101,7 @@ class ParamOffload:
         if i not in self.reads:
             self.flush()
             self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
-        t = self._wait(self.reads.pop(i))
-        return t.pin_memory() if self.policy.pins else t
+        return self.copies.pinned(self._wait(self.reads.pop(i)))
 
     # ---- life cycle ---------------------------------------------------------------------------
     def _wait(self, future: Future[Any]) -> Any:
@@ -115,6 +113,7 @@ class ParamOffload:
 
     def flush(self) -> None:
         """Wait for every pending write (before a read of the same file, and at the end of a step)."""
+        self.copies.wait()
         writes, self.writes = self.writes, []
         for f in writes:
             self._wait(f)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from zerorun.engine.errors import EngineError
+from zerorun.engine.offload.copies import Transfers
 
 Device = Literal["none", "cpu", "nvme"]
 
@@ -40,10 +41,13 @@ class OffloadPolicy:
         """Pin host tensors: only useful (and only possible) with a CUDA device to copy to."""
         return self.pin_memory and torch.cuda.is_available()
 
+    def transfers(self) -> Transfers:
+        """The host<->device copier of this placement (pinned when the policy pins)."""
+        return Transfers(self.pin_memory)
+
     def host_copy(self, t: torch.Tensor) -> torch.Tensor:
         """A host (CPU) fp32 copy of ``t``, pinned when the policy pins."""
-        out = t.detach().to("cpu", torch.float32, copy=True)
-        return out.pin_memory() if self.pins else out
+        return self.transfers().host_copy(t, torch.float32)
 
 
 def policy_for(zero: Any, name: str, stages: tuple[int, ...]) -> OffloadPolicy:

@@ -6,16 +6,26 @@ NVMe for the multi-MB tensors swapped here; the AIO bindings on PyPI (``libaio``
 ``pyaio``, ``caio``) are thin, asyncio-oriented or little maintained, and would add a
 native dependency for no measured gain at this size.
 
-One directory per process (``zerorun-swap-<pid>-<n>``) holds one file per tensor. It is
-removed by :meth:`Swapper.close`, when the swapper is garbage-collected, and at
-interpreter exit (also after an exception); only a SIGKILL leaves it behind.
+One directory per swapper (``zerorun-swap-<host>-<pid>-<n>``) holds one file per tensor;
+beside it, ``<that name>.lock`` is held (``flock``) by the owner for as long as it lives.
+Both are removed by :meth:`Swapper.close`, when the swapper is garbage-collected, and at
+interpreter exit (also after an exception). A SIGKILL leaves it behind, but its lock dies
+with the process: the next swapper started on the same path removes every directory of
+this host whose lock it can take, and never one whose owner still runs.
+
+Tensor bytes are read and written through a ``ctypes`` view of the CPU tensor's memory,
+so no numpy is needed (it is not a dependency).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import itertools
 import os
 import shutil
+import socket
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -37,12 +47,18 @@ def check_space(path: Path, need_bytes: int, key: str = "offload_optimizer") -> 
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.detach().contiguous().view(torch.uint8).numpy())
+    """A writable byte view of a contiguous CPU tensor's memory (the caller keeps ``t`` alive)."""
+    assert t.device.type == "cpu" and t.is_contiguous()
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
 
 
 def _write(path: Path, t: torch.Tensor) -> None:
+    data = t.detach().contiguous()  # held here while the view of its memory is written
     with open(path, "wb", buffering=0) as f:
-        f.write(_bytes(t))
+        f.write(_bytes(data))
 
 
 def _read(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -54,19 +70,88 @@ def _read(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+PREFIX = "zerorun-swap-"
+LOCK = ".lock"
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_") or "host"
+
+
+def _try_lock(path: Path, create: bool = False) -> int | None:
+    """An fd holding an exclusive ``flock`` on ``path``, or None when a live process holds it."""
+    try:
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_stale(root: Path) -> list[Path]:
+    """Remove the swap directories under ``root`` left by dead processes of this host; return them.
+
+    A directory is stale when its lock file can be locked: the owner held the lock for its
+    whole life, and the kernel drops it when the owner dies, SIGKILL included. Directories
+    of other hosts (a shared disk) and those without a lock file are left alone.
+    """
+    removed = []
+    for lock in sorted(root.glob(f"{PREFIX}{_host()}-*{LOCK}")):
+        fd = _try_lock(lock)
+        if fd is None:
+            continue
+        d = lock.with_name(lock.name[: -len(LOCK)])
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _make_dir(root: Path) -> tuple[Path, int]:
+    """A new swap directory and the fd locking it. The lock file is made and locked under a
+    hidden name, then renamed into view, so :func:`remove_stale` never sees it unlocked."""
+    name = f"{PREFIX}{_host()}-{os.getpid()}-{next(_COUNTER)}"
+    hidden = root / f".{name}{LOCK}"
+    fd = _try_lock(hidden, create=True)
+    if fd is None:
+        raise OSError(f"cannot lock {hidden}")
+    try:
+        (root / name).mkdir()
+        os.rename(hidden, root / f"{name}{LOCK}")
+    except OSError:
+        hidden.unlink(missing_ok=True)
+        os.close(fd)
+        raise
+    return root / name, fd
+
+
+def _remove(path: str, fd: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(path + LOCK)
+    os.close(fd)
+
+
 class Swapper:
     def __init__(self, root: Path, workers: int, need_bytes: int, key: str = "offload_optimizer") -> None:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            self.dir = root / f"zerorun-swap-{os.getpid()}-{next(_COUNTER)}"
-            self.dir.mkdir()
+            self.stale_removed = remove_stale(root)
+            self.dir, fd = _make_dir(root)
             probe = self.dir / ".probe"
             probe.write_bytes(b"x")
             probe.unlink()
         except OSError as e:
             raise OffloadError(f"{key}.nvme_path {root} is not a writable directory ({e})",
                                "point nvme_path at a directory this user can write on every node") from e
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
+        self._cleanup = weakref.finalize(self, _remove, str(self.dir), fd)
         try:
             check_space(root, need_bytes, key)
         except OffloadError:

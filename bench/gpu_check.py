@@ -1,0 +1,368 @@
+"""The GPU check: the engine on CUDA with NCCL at world size 1, each check plain pass/fail.
+
+    bash scripts/gpu_check.sh                     # one GPU; JSON under bench/results/gpu_check/<UTC time>/
+    bash scripts/gpu_check.sh --cpu --out DIR     # dry mode: the same code path on CPU/gloo, tiny sizes
+
+Checks (figures in ``summary.json``, one entry per check with ``passed``):
+
+* ``parity/stage{0..3}-{fp32,bf16}``: the engine against plain PyTorch (fp32 master weights,
+  compute in the dtype, AdamW) on the tied-embedding GPT of examples/train_gpt.py, step by
+  step. Tolerances as in tests/test_engine_parity.py: fp32 rtol 1e-5; bf16 rtol 2^-8 on
+  losses, 2^-7 + 0.1 x lr per step on parameters.
+* ``stage3/zero_init``, ``stage3/offload_cpu`` (optimizer and parameters in pinned host
+  memory - pinned is checked where CUDA is present), ``stage3/offload_nvme``: the same parity.
+* ``checkpoint/stage{2,3}``: train, save, train on; a fresh engine loads and trains the same
+  steps: the losses must agree (rtol 1e-6).
+* ``memory/stage{0..3}``: a ~100M-parameter GPT (bf16, AdamW): the allocator's peak
+  (``torch.cuda.max_memory_allocated`` over the training steps) against the ``zerorun
+  estimate`` row of that stage (model states + buffers + activations, no context overhead);
+  the ratio must be within 10%. ``setup_peak_allocated`` (initialize's own peak) is reported.
+  The dry mode has no allocator: it compares the engine's own ``memory_breakdown()`` with the
+  estimate's model states and buffers, and only reports.
+* every parity check also fails if a parameter is not on the compute device after training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+import zerorun  # noqa: E402
+import zerorun.engine.bootstrap  # noqa: E402
+from zerorun.estimate import (  # noqa: E402
+    ActivationPolicy,
+    Buckets,
+    Dtype,
+    EstimateRequest,
+    ModelShape,
+    Optimizer,
+    Placement,
+    Training,
+    estimate_row,
+)
+
+LR = 1e-3
+MEMORY_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class GPT:
+    vocab: int
+    block: int
+    dim: int
+    layers: int
+    heads: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class Sizes:
+    parity: GPT
+    memory: GPT
+    steps: int
+
+
+GPU_SIZES = Sizes(GPT(512, 64, 256, 4, 8, 8), GPT(16384, 256, 768, 12, 12, 4), steps=5)
+CPU_SIZES = Sizes(GPT(48, 8, 16, 2, 2, 2), GPT(64, 8, 32, 2, 2, 2), steps=3)
+
+
+def _example_gpt() -> Any:
+    spec = importlib.util.spec_from_file_location("zerorun_example_gpt", ROOT / "examples" / "train_gpt.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TinyGPT
+
+
+TinyGPT = _example_gpt()
+
+
+def make_model(g: GPT) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return TinyGPT(g.vocab, g.block, g.dim, g.layers, g.heads)
+
+
+def batch(g: GPT, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step % 2)  # two batches, revisited: the loss falls
+    tokens = torch.randint(0, g.vocab, (g.batch, g.block + 1), generator=gen)
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def loss_of(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def config(g: GPT, stage: int, dtype: str, **zero: Any) -> dict[str, Any]:
+    """World size 1, AdamW; small buckets (several per model) unless ``zero`` says otherwise."""
+    zero = {"reduce_bucket_size": 200_000, "overlap_comm": stage >= 2, **zero}
+    return {
+        "train_micro_batch_size_per_gpu": g.batch,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+        "bf16": {"enabled": dtype == "bf16"},
+        "zero_optimization": {"stage": stage, **zero},
+    }
+
+
+# ---- training ---------------------------------------------------------------------------------
+def reference(g: GPT, dtype: str, steps: int, device: torch.device) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Plain PyTorch: fp32 master weights, the forward and backward in ``dtype``."""
+    master = make_model(g).to(device)
+    compute = make_model(g).to(device).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
+    params = list(master.parameters())
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        x, y = batch(g, step, device)
+        compute.zero_grad(set_to_none=True)
+        loss = loss_of(compute(x), y)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        for p, c in zip(params, compute.parameters(), strict=True):
+            p.grad = torch.zeros_like(p) if c.grad is None else c.grad.float()
+        opt.step()
+        with torch.no_grad():
+            for p, c in zip(params, compute.parameters(), strict=True):
+                c.copy_(p)
+    return losses, {n: p.detach().float().cpu() for n, p in master.named_parameters()}
+
+
+def train(engine: Any, g: GPT, first: int, steps: int) -> list[float]:
+    losses = []
+    for step in range(first, first + steps):
+        x, y = batch(g, step, engine.device)
+        loss = loss_of(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def params_of(engine: Any) -> dict[str, torch.Tensor]:
+    with zerorun.zero.GatheredParameters(list(engine.module.parameters())):
+        return {n: p.detach().float().cpu().clone() for n, p in engine.module.named_parameters()}
+
+
+def placement(engine: Any) -> dict[str, list[str]]:
+    """Device types of the gathered parameters, and of the gradients the engine reduces."""
+    with zerorun.zero.GatheredParameters(list(engine.module.parameters())):
+        params = sorted({p.device.type for p in engine.module.parameters()})
+    return {"params": params, "buckets": sorted({b.data.device.type for b in engine.parts.buckets})}
+
+
+def build(g: GPT, cfg: dict[str, Any], zero_init: bool = False) -> Any:
+    if zero_init:
+        with zerorun.zero.Init(config=cfg):
+            model = make_model(g)
+    else:
+        model = make_model(g)
+    engine, _, _, _ = zerorun.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine
+
+
+def compare(dtype: str, steps: int, losses: list[float], params: dict[str, torch.Tensor],
+            ref: tuple[list[float], dict[str, torch.Tensor]]) -> dict[str, Any]:
+    ref_losses, ref_params = ref
+    rtol = 1e-5 if dtype == "fp32" else 2**-8
+    loss_err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref_losses, strict=True))
+    prtol, patol = (1e-5, 1e-5) if dtype == "fp32" else (2**-7, 0.1 * LR * steps)
+    worst = 0.0  # the largest |got - want| / (atol + rtol |want|): <= 1 passes
+    for name, want in ref_params.items():
+        got = params[name]
+        worst = max(worst, float(((got - want).abs() / (patol + prtol * want.abs())).max()))
+    return {"passed": loss_err <= rtol and worst <= 1.0 and set(params) == set(ref_params),
+            "loss_rel_err": loss_err, "loss_rtol": rtol, "param_err_over_tol": worst,
+            "losses": losses, "ref_losses": ref_losses}
+
+
+# ---- the checks -------------------------------------------------------------------------------
+def on_device(out: dict[str, Any], engine: Any, device: torch.device) -> dict[str, Any]:
+    """Add where the parameters live; a parameter off the compute device fails the check."""
+    out["placement"] = placement(engine)
+    out["passed"] = out["passed"] and out["placement"]["params"] == [device.type]
+    return out
+
+
+def check_parity(s: Sizes, device: torch.device, stage: int, dtype: str) -> dict[str, Any]:
+    engine = build(s.parity, config(s.parity, stage, dtype))
+    losses = train(engine, s.parity, 0, s.steps)
+    out = compare(dtype, s.steps, losses, params_of(engine), reference(s.parity, dtype, s.steps, device))
+    return on_device(out, engine, device)
+
+
+def _pinned(engine: Any) -> bool:
+    """The offloaded fp32 masters and the resting parameter shards are all in pinned memory."""
+    held = [m.data for m in engine.parts.masters.masters]
+    offload = getattr(engine.parts, "param_offload", None)
+    held += [b.local for b in (offload.buckets if offload is not None else []) if b.local is not None]
+    held = [t for t in held if t.numel()]
+    return bool(held) and all(t.device.type == "cpu" and t.is_pinned() for t in held)
+
+
+def check_stage3(s: Sizes, device: torch.device, variant: str, swap: Path) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage3_param_persistence_threshold": 0}
+    if variant == "offload_cpu":
+        zero |= {"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                 "offload_param": {"device": "cpu", "pin_memory": True}}
+    elif variant == "offload_nvme":
+        zero |= {"offload_optimizer": {"device": "nvme", "nvme_path": str(swap), "pin_memory": True},
+                 "offload_param": {"device": "nvme", "nvme_path": str(swap), "pin_memory": True}}
+    engine = build(s.parity, config(s.parity, 3, "fp32", **zero), zero_init=variant == "zero_init")
+    pinned = _pinned(engine) if variant == "offload_cpu" else None
+    losses = train(engine, s.parity, 0, s.steps)
+    out = on_device(compare("fp32", s.steps, losses, params_of(engine), reference(s.parity, "fp32", s.steps, device)),
+                    engine, device)
+    if pinned is not None:
+        out["pinned"] = pinned
+        out["passed"] = out["passed"] and pinned == (device.type == "cuda")
+    return out
+
+
+def check_checkpoint(s: Sizes, stage: int, root: Path) -> dict[str, Any]:
+    g, half = s.parity, max(1, s.steps // 2)
+    cfg = config(g, stage, "fp32")
+    first = build(g, cfg)
+    train(first, g, 0, half)
+    first.save_checkpoint(str(root), tag="half")
+    straight = train(first, g, half, half)
+    second = build(g, cfg)
+    second.load_checkpoint(str(root), tag="half")
+    resumed = train(second, g, half, half)
+    err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(resumed, straight, strict=True))
+    return {"passed": err <= 1e-6, "loss_rel_err": err, "straight": straight, "resumed": resumed}
+
+
+def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
+    g, cuda = s.memory, device.type == "cuda"
+    gc.collect()  # earlier checks' engines (reference cycles through their hooks) are gone
+    if cuda:
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=50_000_000))  # a common production size
+    psi = engine.num_parameters()
+    setup_peak = torch.cuda.max_memory_allocated() - base if cuda else None  # a figure: initialize's own peak
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # the peak from here on: model states are already held
+    train(engine, g, 0, 3)
+    shape = ModelShape(hidden=g.dim, layers=g.layers, heads=g.heads, vocab=g.vocab, seq_len=g.block,
+                       micro_batch=g.batch, tied_embeddings=True)
+    row = estimate_row(EstimateRequest(Training(psi, 1, Dtype.BF16, Optimizer.ADAMW), gpus_per_node=1,
+                                       buckets=Buckets.from_zero_config(engine.config.zero_optimization),
+                                       shape=shape, activation_policy=ActivationPolicy(flash_attention=True),
+                                       overhead=0), Placement(stage))
+    breakdown = engine.memory_breakdown()
+    states_and_buffers = row.gpu["params"] + row.gpu["gradients"] + row.gpu["optimizer_states"] \
+        + row.gpu["grad_accum"] + row.gpu["buffers"]
+    out: dict[str, Any] = {"params": psi, "estimate": row.gpu, "estimate_total": row.total,
+                           "engine_breakdown": breakdown,
+                           "breakdown_ratio": sum(breakdown.values()) / states_and_buffers}
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - base
+        out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total,
+                "setup_peak_allocated": setup_peak}
+        out["passed"] = abs(out["ratio"] - 1.0) <= MEMORY_TOLERANCE
+    else:
+        out["passed"] = out["breakdown_ratio"] > 0  # dry mode: no allocator to compare; figures only
+        out["dry"] = True
+    return out
+
+
+def check_setup(device: torch.device, dry: bool) -> dict[str, Any]:
+    """The group serves the device the mode asks for: CUDA with NCCL, or the CPU with gloo (dry)."""
+    backends = zerorun.engine.bootstrap.group_backends()
+    want = ("cpu", "gloo") if dry else ("cuda", "nccl")
+    return {"passed": (device.type, backends.get(device.type)) == want, "backends": backends,
+            "device": str(device)}
+
+
+def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+    out: list[tuple[str, Callable[[], dict[str, Any]]]] = [("setup", lambda: check_setup(device, dry))]
+    for stage in range(4):
+        for dtype in ("fp32", "bf16"):
+            out.append((f"parity/stage{stage}-{dtype}", lambda st=stage, dt=dtype: check_parity(s, device, st, dt)))
+    for variant in ("zero_init", "offload_cpu", "offload_nvme"):
+        out.append((f"stage3/{variant}", lambda v=variant: check_stage3(s, device, v, scratch / "swap")))
+    for stage in (2, 3):
+        out.append((f"checkpoint/stage{stage}", lambda st=stage: check_checkpoint(s, st, scratch / f"ckpt{st}")))
+    for stage in range(4):
+        out.append((f"memory/stage{stage}", lambda st=stage: check_memory(s, device, st)))
+    return out
+
+
+def run(cpu: bool, out_dir: Path, only: str | None = None) -> dict[str, Any]:
+    if not cpu and not torch.cuda.is_available():
+        raise SystemExit("error: no CUDA device\nhint: run on a GPU machine, or pass --cpu for the dry mode")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):  # world size 1, whatever the shell says
+        os.environ.pop(key, None)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity means fp32 matmuls
+    torch.backends.cudnn.allow_tf32 = False
+    ctx = zerorun.init_distributed(dist_backend="gloo" if cpu else "nccl")
+    sizes = CPU_SIZES if cpu else GPU_SIZES
+    summary: dict[str, Any] = {"mode": "cpu" if cpu else "cuda", "backend": ctx.backend, "device": str(ctx.device),
+                               "torch": torch.__version__, "sizes": asdict(sizes), "checks": {}}
+    if ctx.device.type == "cuda":
+        summary["gpu"] = torch.cuda.get_device_name(ctx.device)
+    started = time.monotonic()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def write(complete: bool) -> None:  # after every check: a run stopped by the time limit still tells
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        summary["complete"] = complete
+        summary["passed"] = complete and all(c["passed"] for c in summary["checks"].values())
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+    with tempfile.TemporaryDirectory(prefix="zerorun-gpu-check-") as tmp:
+        for name, fn in checks(sizes, ctx.device, Path(tmp), cpu):
+            if only and only not in name:
+                continue
+            t0 = time.monotonic()
+            try:
+                result = fn()
+            except Exception as e:  # a failing check is a figure too; the others still run
+                result = {"passed": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            result["seconds"] = round(time.monotonic() - t0, 2)
+            summary["checks"][name] = result
+            write(complete=False)
+            print(f"{'PASS' if result['passed'] else 'FAIL'}  {name}  ({result['seconds']} s)", flush=True)
+    write(complete=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu", action="store_true", help="dry mode: CPU and gloo, tiny sizes")
+    parser.add_argument("--out", type=Path, default=None, help="folder for summary.json "
+                        "(default: bench/results/gpu_check/<UTC time>)")
+    parser.add_argument("--only", default=None, help="run the checks whose name contains this")
+    args = parser.parse_args(argv)
+    out = args.out or ROOT / "bench" / "results" / "gpu_check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    summary = run(args.cpu, out, args.only)
+    failed = [n for n, c in summary["checks"].items() if not c["passed"]]
+    print(f"{'all checks passed' if not failed else 'FAILED: ' + ', '.join(failed)}; "
+          f"summary: {out / 'summary.json'} ({summary['seconds']} s)", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

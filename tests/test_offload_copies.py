@@ -1,0 +1,119 @@
+"""The offload copy discipline (zerorun.engine.offload.copies), checked on the CPU.
+
+No GPU here, so CUDA is mocked: a fake ``torch.cuda`` (``is_available``, ``Event`` with
+``record``/``synchronize``, logged) and two seams of :class:`Transfers`, ``on_host``
+(which tensors stand for device tensors) and ``_pin`` (pinning needs CUDA; the fake marks
+the tensor). The copies themselves are real CPU copies, so values are checked too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zerorun.engine.offload.copies import Transfers
+from zerorun.engine.offload.policy import OffloadPolicy
+
+
+class FakeCuda:
+    def __init__(self, available: bool = True) -> None:
+        self.available = available
+        self.log: list[str] = []
+        cuda = self
+
+        class Event:
+            def record(self) -> None:
+                cuda.log.append("record")
+
+            def synchronize(self) -> None:
+                cuda.log.append("sync")
+
+        self.Event = Event
+
+    def is_available(self) -> bool:
+        return self.available
+
+
+class Mocked(Transfers):
+    """Tensors in ``device`` stand for CUDA tensors; pinned ones are remembered by id."""
+
+    def __init__(self, pin_memory: bool, cuda: FakeCuda) -> None:
+        super().__init__(pin_memory, cuda)
+        self.device: set[int] = set()
+        self.pinned_ids: set[int] = set()
+
+    def on_host(self, t: torch.Tensor) -> bool:
+        return id(t) not in self.device
+
+    def _pin(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        self.pinned_ids.add(id(out))
+        self.cuda.log.append("pin")
+        return out
+
+    def gpu(self, t: torch.Tensor) -> torch.Tensor:
+        self.device.add(id(t))
+        return t
+
+
+def test_pinning_needs_both_the_policy_and_cuda() -> None:
+    assert Transfers(True, FakeCuda(True)).pins
+    assert not Transfers(True, FakeCuda(False)).pins and not Transfers(False, FakeCuda(True)).pins
+    assert not OffloadPolicy("cpu", pin_memory=True).transfers().pins  # this machine has no CUDA
+
+
+def test_down_copies_into_pinned_buffers_and_syncs_once_after_the_last() -> None:
+    cuda = FakeCuda()
+    t = Mocked(True, cuda)
+    grads = [t.gpu(torch.arange(4.0, dtype=torch.bfloat16)), t.gpu(torch.ones(3)), torch.full((2,), 7.0)]
+    out = t.down(grads, torch.float32)
+    assert [o.dtype for o in out] == [torch.float32] * 3
+    assert [o.tolist() for o in out] == [[0, 1, 2, 3], [1, 1, 1], [7, 7]]
+    assert {id(out[0]), id(out[1])} <= t.pinned_ids and out[2] is grads[2]  # host ones pass through
+    assert cuda.log == ["pin", "pin", "record", "sync"] and t.syncs == 1  # one wait, after every copy
+    cuda.log.clear()
+    t.down([torch.ones(2)])  # nothing on the device: no wait at all
+    assert cuda.log == []
+
+
+def test_down_without_pinning_still_waits_before_the_cpu_reads() -> None:
+    cuda = FakeCuda()
+    t = Mocked(False, cuda)
+    out = t.down([t.gpu(torch.ones(2))])
+    assert out[0].tolist() == [1, 1] and id(out[0]) not in t.pinned_ids
+    assert cuda.log == ["record", "sync"]
+
+
+def test_a_queued_copy_is_waited_for_once_before_the_host_side_is_used(monkeypatch) -> None:
+    cuda = FakeCuda()
+    t = Mocked(True, cuda)
+    host = t.pinned(torch.zeros(3))
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in t.pinned_ids)
+    for v in (1.0, 2.0):  # two stepped shards copied down into the same pinned buffer
+        t.copy(host, t.gpu(torch.full((3,), v)))
+    assert host.tolist() == [2, 2, 2]
+    assert cuda.log == ["pin", "record", "record"]  # queued: no host wait yet
+    t.wait()
+    t.wait()  # already settled
+    assert cuda.log == ["pin", "record", "record", "sync"] and t.syncs == 1
+    cuda.log.clear()
+    t.copy(torch.zeros(2), torch.ones(2))  # host to host: a plain copy, nothing to wait for
+    t.wait()
+    assert cuda.log == []
+
+
+def test_parameter_offload_waits_for_the_queued_shard_copy_at_the_end_of_the_step(monkeypatch) -> None:
+    """ParamOffload (cpu) with pinning on: the stepped shard's copy down is queued, flush() waits."""
+    from types import SimpleNamespace
+
+    from zerorun.engine.offload.params import ParamOffload
+
+    bucket = SimpleNamespace(persistent=False, local=torch.zeros(4), offload=None)
+    off = ParamOffload(OffloadPolicy("cpu", pin_memory=True), [bucket])
+    cuda = FakeCuda()
+    off.copies = t = Mocked(True, cuda)
+    bucket.local = t.pinned(bucket.local)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in t.pinned_ids)
+    off.store(bucket, t.gpu(torch.full((4,), 5.0)))
+    assert bucket.local.tolist() == [5.0] * 4 and cuda.log == ["pin", "record"]
+    off.flush()
+    assert cuda.log == ["pin", "record", "sync"]

@@ -1,0 +1,91 @@
+"""``optimizer.params`` and ``scheduler.params`` against what ``initialize`` really calls.
+
+The schema accepts any params dict (DeepSpeed's does too); the engine then calls the
+``torch.optim`` class or the schedule with them, and a wrong name fails only on every
+rank at start-up. ``validate`` reads the same classes' signatures first: an unknown
+name gets a did-you-mean, a value of the wrong kind names the expected one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+from typing import Any
+
+from zerorun.config.problems import Problem
+from zerorun.config.schema import ZerorunConfig
+from zerorun.config.suggest import did_you_mean
+
+
+def _kind(default: Any) -> tuple[type, ...] | None:
+    """The value kinds a parameter with ``default`` takes (None: anything)."""
+    if isinstance(default, bool):
+        return (bool,)
+    if isinstance(default, (int, float)):
+        return (int, float)
+    if isinstance(default, (tuple, list)):
+        return (tuple, list)
+    if isinstance(default, str):
+        return (str,)
+    return None
+
+
+def _check(block: str, owner: str, params: dict[str, Any], accepted: dict[str, Any]) -> list[Problem]:
+    problems = []
+    for name, value in params.items():
+        if value == "auto":
+            continue  # resolved (or dropped) by the engine
+        if name not in accepted:
+            problems.append(Problem(f"{block}.params.{name}", f"is not a parameter of {owner}",
+                                    suggestion=did_you_mean(name, sorted(accepted))))
+            continue
+        kinds = _kind(accepted[name])
+        wrong = kinds is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)))
+        if wrong:
+            expected = " or ".join(k.__name__ for k in kinds)  # type: ignore[union-attr]
+            problems.append(Problem(f"{block}.params.{name}",
+                                    f"{owner} takes {expected} here, got {type(value).__name__} {value!r}"))
+    return problems
+
+
+def optimizer_problems(cfg: ZerorunConfig) -> list[Problem]:
+    """What ``build_optimizer`` would reject in ``cfg.optimizer`` (torch's own signature)."""
+    if cfg.optimizer is None:
+        return []
+    with warnings.catch_warnings():  # torch's import-time warnings (no numpy ...) are noise here
+        warnings.simplefilter("ignore")
+        import torch
+
+        from zerorun.engine.optim_factory import _CLASSES, _DROPPED
+
+    name, params = cfg.optimizer.type, dict(cfg.optimizer.params)
+    cls = _CLASSES.get(name.lower())
+    if cls is None:
+        return [Problem("optimizer.type", f"{name!r} is not a torch.optim class")]
+    if name.lower() == "adam" and params.get("adam_w_mode", True):
+        cls = torch.optim.AdamW  # DeepSpeed's Adam is AdamW unless adam_w_mode: false
+    signature = inspect.signature(cls.__init__).parameters
+    accepted = {k: p.default for k, p in signature.items() if k not in ("self", "params")}
+    accepted.update(dict.fromkeys(_DROPPED, True))
+    return _check("optimizer", f"torch.optim.{cls.__name__}", params, accepted)
+
+
+def scheduler_problems(cfg: ZerorunConfig) -> list[Problem]:
+    """What ``build_scheduler`` would reject in ``cfg.scheduler`` (the schedule's fields)."""
+    if cfg.scheduler is None:
+        return []
+    from zerorun.engine.schedulers import _SCHEDULES
+
+    name = cfg.scheduler.type
+    cls = _SCHEDULES.get(name)
+    if cls is None:
+        return [Problem("scheduler.type", f"{name!r} is accepted in configs but the bundled engine has no such "
+                        f"schedule; use one of {', '.join(_SCHEDULES)} or pass lr_scheduler= to initialize()")]
+    accepted = {f.name: f.default for f in dataclasses.fields(cls)}
+    return _check("scheduler", name, dict(cfg.scheduler.params), accepted)
+
+
+def builder_problems(cfg: ZerorunConfig) -> list[Problem]:
+    """Every problem ``initialize`` would hit building the config's optimizer and scheduler."""
+    return optimizer_problems(cfg) + scheduler_problems(cfg)

@@ -1,0 +1,5 @@
+"""``deepspeed.inference``: not implemented by zerorun; importing it raises."""
+
+from zerorun.compat.unsupported import unsupported_module
+
+unsupported_module("inference injection (deepspeed.inference)")

@@ -1,0 +1,95 @@
+"""Host<->device copies of offload: pinned and non-blocking where CUDA is present, with their sync points.
+
+The rules this module keeps in one place:
+
+* host buffers are pinned only when the policy asks (``pin_memory``) and CUDA is present:
+  pinning is what lets a copy to or from a GPU run asynchronously, and it needs CUDA;
+* a device->host copy (:meth:`Transfers.down`) is issued ``non_blocking`` into pinned
+  buffers, then waited for once, on an event recorded after the last copy on the current
+  stream, before the CPU (the offloaded optimizer) reads any of them;
+* any other copy between host and device through pinned memory (:meth:`Transfers.copy`)
+  is ``non_blocking`` on the current stream: the kernels and collectives issued after it on
+  that stream see the data (NCCL work waits on the current stream), so the device side
+  needs no host sync; the host side is not to be read (device->host) or overwritten
+  (host->device) by the CPU until :meth:`Transfers.wait`.
+
+With a CPU compute device every copy is a same-device no-op and nothing is synchronised.
+``cuda`` is a constructor argument so that the sync discipline is testable without a GPU.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+HOST = torch.device("cpu")
+
+
+class Transfers:
+    def __init__(self, pin_memory: bool, cuda: ModuleType | Any = torch.cuda) -> None:
+        self.cuda = cuda
+        self.pins = bool(pin_memory) and bool(cuda.is_available())
+        self._pending: Any = None  # event after the last queued copy (see ``copy``)
+        self.syncs = 0  # host waits, for tests and figures
+
+    # ---- seams (the only places that touch pinned memory or ask where a tensor is) -------------
+    def _pin(self, t: torch.Tensor) -> torch.Tensor:
+        return t.pin_memory()
+
+    @staticmethod
+    def on_host(t: torch.Tensor) -> bool:
+        return t.device.type == "cpu"
+
+    def _fence(self) -> Any:
+        event = self.cuda.Event()
+        event.record()  # on the current stream, after everything issued on it so far
+        return event
+
+    # ---- host buffers -----------------------------------------------------------------------
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (a host tensor) in pinned memory when the policy pins, else ``t`` itself."""
+        return self._pin(t) if self.pins and not t.is_pinned() else t
+
+    def host_copy(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A new host copy of ``t`` (pinned when pinning), complete when this returns."""
+        if self.on_host(t):
+            return self.pinned(t.detach().to(dtype=dtype or t.dtype, copy=True))
+        return self.down([t], dtype)[0]
+
+    # ---- the two directions -----------------------------------------------------------------
+    def down(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """Device->host copies of ``tensors`` (host ones pass, cast when needed); readable by the CPU on return."""
+        out, issued = [], False
+        for t in tensors:
+            if self.on_host(t):
+                out.append(t if dtype is None or t.dtype == dtype else t.to(dtype))
+                continue
+            buf = torch.empty(t.shape, dtype=dtype or t.dtype, device=HOST)
+            buf = self.pinned(buf)
+            buf.copy_(t.detach(), non_blocking=self.pins)
+            out.append(buf)
+            issued = True
+        if issued:  # one wait for all of them: the CPU reads these next
+            self._fence().synchronize()
+            self.syncs += 1
+        return out
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src)``; between host and device through pinned memory it is queued on the
+        current stream, and :meth:`wait` is the point after which the host side is free to use."""
+        queued = self.pins and self.on_host(src) != self.on_host(dst)
+        host = src if self.on_host(src) else dst
+        if queued and host.is_pinned():
+            dst.copy_(src, non_blocking=True)
+            self._pending = self._fence()  # the last one covers the earlier ones on the stream
+        else:
+            dst.copy_(src)
+
+    def wait(self) -> None:
+        """Wait for the queued copies: before the CPU reads a buffer copied down, or overwrites one copied up."""
+        if self._pending is not None:
+            self._pending.synchronize()
+            self._pending = None
+            self.syncs += 1
