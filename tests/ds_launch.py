@@ -1,7 +1,8 @@
-"""Run an unmodified DeepSpeed script under ``zerorun --as_deepspeed`` (imported by tests/test_ds_scripts*.py).
+"""Run an unmodified DeepSpeed script under ``zerorun --as-deepspeed`` (imported by tests/test_ds_scripts*.py).
 
 Each script writes ``losses_rank{r}.json`` (or, for the Trainer, ``log_history.json``) to
-the directory it is given; the launch has a hard timeout and its output is shown when it fails.
+the directory it is given; the launch has a hard timeout, its output goes to SCRIPT.log in
+the run's directory and its tail into the failure message.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
 
 
 def launch(script: str, *script_args: str, cwd: Path, world: int = 2, timeout: float = 150) -> str:
-    """``zerorun --as_deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
-    argv = zerorun_argv("--as_deepspeed", "--num_gpus", str(world), "--master_port", "auto",
+    """``zerorun --as-deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
+    argv = zerorun_argv("--as-deepspeed", "--num_gpus", str(world), "--master_port", "auto",
                         str(SCRIPTS / script), *script_args)
     proc = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
+    (cwd / f"{Path(script).stem}.log").write_text(output)  # the whole run, for a failure's post-mortem
     assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n{output[-6000:]}"
     return output
 

@@ -1,4 +1,4 @@
-"""The Hugging Face path under `zerorun --as_deepspeed`: transformers' Trainer with `--deepspeed ds_config.json`
+"""The Hugging Face path under `zerorun --as-deepspeed`: transformers' Trainer with `--deepspeed ds_config.json`
 (HF-style "auto" values, filled in by the Trainer) at ZeRO stages 2 and 3, and accelerate's DeepSpeedPlugin.
 
 The Trainer's reference is the same script without DeepSpeed, in one process, with the
@@ -90,7 +90,7 @@ def test_trainer_matches_plain_trainer(tmp_path: Path, checkpoint: Path, config:
         torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=5e-5, msg=name)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2])
 def test_accelerate_deepspeed_plugin(tmp_path: Path, stage: int) -> None:
     """Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=...)) + prepare + accelerator.backward."""
     launch("accelerate_deepspeed.py", "--zero_stage", str(stage), "--samples", "48", "--out_dir", str(tmp_path),
