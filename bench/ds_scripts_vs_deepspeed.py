@@ -27,7 +27,8 @@ SCRIPTS = ROOT / "tests" / "ds_scripts"
 TRAINER = ("--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
            "--learning_rate", "3e-3", "--warmup_steps", "2", "--weight_decay", "0.01", "--seed", "7",
            "--num_samples", "40", "--per_device_train_batch_size", "2",
-           "--ddp_backend", "gloo")  # without a GPU, accelerate joins the process group only for a named backend
+           # without a GPU, accelerate joins a multi-process DeepSpeed run only from the state run_clm.py sets up
+           "--accelerator_config", '{"use_configured_state": true}')
 
 
 def _cifar_config(stage: int) -> dict[str, Any]:
