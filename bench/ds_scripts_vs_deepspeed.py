@@ -76,6 +76,12 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def _fill(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace(key, value)
+    return arg
+
+
 def run_case(system: str, launcher: list[str], env: dict[str, str], script: str, args: list[str],
              config: dict[str, Any] | None, timeout: float) -> tuple[list[float] | None, str]:
     with tempfile.TemporaryDirectory(prefix=f"{system}-") as tmp:
@@ -84,8 +90,8 @@ def run_case(system: str, launcher: list[str], env: dict[str, str], script: str,
         if config is not None:
             cfg.write_text(json.dumps(config))
         port = _free_port()  # DeepSpeed's launcher would take 29500 and collide with any other job there
-        argv = [*(a.format(port=port) for a in launcher), str(SCRIPTS / script),
-                *(a.format(cfg=cfg, out=out) for a in args)]
+        fill = {"{port}": port, "{cfg}": str(cfg), "{out}": str(out)}  # not str.format: arguments hold JSON
+        argv = [_fill(a, fill) for a in [*launcher, str(SCRIPTS / script), *args]]
         try:
             proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
