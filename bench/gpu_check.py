@@ -115,7 +115,7 @@ def config(g: GPT, stage: int, dtype: str, **zero: Any) -> dict[str, Any]:
     zero = {"reduce_bucket_size": 200_000, "overlap_comm": stage >= 2, **zero}
     return {
         "train_micro_batch_size_per_gpu": g.batch,
-        "steps_per_print": 10**9,
+        "steps_per_print": 10**9, "gradient_clipping": 0.0,  # the reference does not clip
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
         "bf16": {"enabled": dtype == "bf16"},
         "zero_optimization": {"stage": stage, **zero},

@@ -30,6 +30,7 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
     import zerorun
 
     cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "steps_per_print": 10**9,
+           "gradient_clipping": 0.0,  # the peers do not clip (DeepSpeed's default would be 1.0)
            "zero_optimization": {"stage": int(args.system[-1]), "reduce_bucket_size": args.bucket,
                                  "overlap_comm": True}}
     if args.system == "zerorun-z3":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched

@@ -214,3 +214,19 @@ def test_initialize_takes_deepspeeds_parameter_order() -> None:
     engine, opt, loader, sched = initialize(args, model, None, model.parameters(), data)  # DeepSpeed's order
     assert engine.module is model and isinstance(opt, torch.optim.SGD) and sched is None
     assert len(list(loader)) == 3
+
+
+def test_zero_init_takes_deepspeeds_arguments() -> None:
+    from zerorun.compat.zero_init import Init, register_external_parameter
+    from zerorun.engine.partition import bucket_of
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+           "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    with Init(remote_device="cpu", pin_memory=True, dtype=torch.float32, config_dict_or_path=cfg):
+        model = nn.Linear(4, 4)
+    assert bucket_of(model.weight) is not None  # built already sharded, as zerorun.zero.Init does
+    for kwargs, what in (({"mpu": object()}, "mpu"), ({"zero_quantized_weights": True}, "qwZ")):
+        with pytest.raises(UnsupportedFeature, match=what):
+            Init(config_dict_or_path=cfg, **kwargs)
+    with pytest.raises(UnsupportedFeature, match="register_external_parameter"):
+        register_external_parameter(model, model.weight)

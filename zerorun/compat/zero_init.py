@@ -1,0 +1,54 @@
+"""``deepspeed.zero.Init`` with DeepSpeed's parameters, onto :class:`zerorun.zero.Init`.
+
+Where the parameters rest and their dtype come from the config at ``initialize``
+(``offload_param``, ``bf16``/``fp16``), so ``remote_device``, ``pin_memory``, ``dtype`` and
+``mem_efficient_linear`` change nothing zerorun computes and are accepted. Anything that
+would partition differently (model/sequence parallel groups, a data-parallel group that
+is not the whole world, ZeRO++ quantized weights, a custom swapper) raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from zerorun import zero
+from zerorun.compat.unsupported import unsupported
+
+
+def _whole_world(group: Any) -> bool:
+    if group is None or group is dist.group.WORLD:
+        return True
+    return dist.is_initialized() and dist.get_world_size(group) == dist.get_world_size()
+
+
+class Init(zero.Init):
+    """``with deepspeed.zero.Init(config_dict_or_path=cfg, ...): model = Big()``."""
+
+    def __init__(self, module: nn.Module | None = None, data_parallel_group: Any = None,
+                 mem_efficient_linear: bool = True, remote_device: str | None = None, pin_memory: bool = False,
+                 config_dict_or_path: Any = None, config: Any = None, enabled: bool = True, dtype: Any = None,
+                 mpu: Any = None, zero_param_parallel_group: Any = None, zero_quantized_weights: bool = False,
+                 zero_quantized_nontrainable_weights: bool = False, sequence_data_parallel_group: Any = None,
+                 param_swapper: Any = None) -> None:
+        refused = {"mpu (model parallelism)": mpu is not None,
+                   "zero_param_parallel_group (ZeRO++ hpZ)": zero_param_parallel_group is not None,
+                   "sequence_data_parallel_group (sequence parallelism)": sequence_data_parallel_group is not None,
+                   "zero_quantized_weights (ZeRO++ qwZ)": zero_quantized_weights or zero_quantized_nontrainable_weights,
+                   "param_swapper": param_swapper is not None,
+                   "a data_parallel_group other than the whole world": not _whole_world(data_parallel_group)}
+        for what, given in refused.items():
+            if given:
+                unsupported(f"zero.Init({what})")
+        super().__init__(module=module, config=config, enabled=enabled, config_dict_or_path=config_dict_or_path)
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Not implemented: zerorun gathers a module's own parameters only."""
+    unsupported("deepspeed.zero.register_external_parameter",
+                "use the parameter only inside the module that owns it, or run at stage 0-2")
+
+
+__all__ = ["Init", "register_external_parameter"]
