@@ -7,9 +7,9 @@ Attribute names are DeepSpeed's keys so that engine code reads like DeepSpeed's 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from zerorun.config.schema_blocks import (
     ActivationCheckpointingConfig,
@@ -23,7 +23,7 @@ from zerorun.config.schema_blocks import (
     SchedulerConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, choice
+from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, choice
 
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(choice("fp32", "fp16", "bf16"))]
 
@@ -54,8 +54,8 @@ class ZerorunConfig(Block):
         description="Clip the global gradient norm to this value; 0 disables clipping. "
                     "Default 1.0 when the key is absent, as DeepSpeed >= 0.19.3 (it was 0.0 before).",
     )
-    steps_per_print: PosInt = Field(
-        10, description="Log loss, learning rate and throughput every this many steps."
+    steps_per_print: StepsOrNever = Field(
+        10, description="Log loss, learning rate and throughput every this many steps (Infinity: never)."
     )
     wall_clock_breakdown: Bool = Field(
         False, description="Time forward, backward and step separately (synchronises)."
@@ -101,3 +101,11 @@ class ZerorunConfig(Block):
     zero_force_ds_cpu_optimizer: Bool = Field(
         True, description="Accepted for compatibility; zerorun steps any torch optimizer on offloaded shards."
     )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A top-level key read as from a dict: DeepSpeed's ``engine.config`` is the config dict, and
+        integrations read it so (``engine.config.get("zero_optimization", {}).get("stage")``)."""
+        if key not in type(self).model_fields:
+            return default
+        value = getattr(self, key)
+        return value.model_dump() if isinstance(value, BaseModel) else value

@@ -74,6 +74,13 @@ def _at_least(minimum: int | float, convert: Any) -> Any:
     return check
 
 
+def _steps_or_never(value: Any) -> int:
+    # accelerate's DeepSpeedPlugin writes float("inf") to silence DeepSpeed's progress lines
+    if isinstance(value, float) and value == math.inf:
+        return 0
+    return _at_least(1, to_int)(value)
+
+
 def _between(low: float, high: float) -> Any:
     def check(value: Any) -> float:
         number = to_float(value)
@@ -109,6 +116,8 @@ def choice(*allowed: Any) -> Any:
 Int = Annotated[int, BeforeValidator(to_int)]
 NonNegInt = Annotated[int, BeforeValidator(_at_least(0, to_int))]
 PosInt = Annotated[int, BeforeValidator(_at_least(1, to_int))]
+StepsOrNever = Annotated[int, BeforeValidator(_steps_or_never)]
+"""A positive step count, or ``Infinity`` (stored as 0): never."""
 Float = Annotated[float, BeforeValidator(to_float)]
 NonNegFloat = Annotated[float, BeforeValidator(_at_least(0.0, to_float))]
 PosFloat = Annotated[float, BeforeValidator(_positive)]

@@ -14,6 +14,7 @@ process group the script already created is reused, never re-created.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -132,4 +133,13 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
                           "start the script with `zerorun --num_gpus N script.py` or torchrun, "
                           "which set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank")
     dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout)
+    atexit.register(_destroy_at_exit)
     return _context(local_rank)
+
+
+def _destroy_at_exit() -> None:
+    # The group this module created is shut down before the interpreter tears down: left to
+    # interpreter teardown, gloo's threads can meet a peer that already exited and abort
+    # the rank ("terminate called without an active exception", seen ~1 run in 6 at stage 3).
+    if dist.is_initialized():
+        dist.destroy_process_group()

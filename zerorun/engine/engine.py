@@ -24,6 +24,7 @@ from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.ds_surface import DeepSpeedSurface
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
+from zerorun.engine.hf_surface import HfSurface
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import optimizer_state_bytes
 from zerorun.engine.stages import StagePolicy
@@ -43,7 +44,7 @@ def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
-class Engine(DeepSpeedSurface):
+class Engine(DeepSpeedSurface, HfSurface):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: Any,
                  ctx: DistContext, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
                  parts: Parts) -> None:

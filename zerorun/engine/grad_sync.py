@@ -131,8 +131,10 @@ class BucketGradSync(GradSyncBase):
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         view = self.views[bucket_index][slot_index]
         if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
-            # the user reset .grad (e.g. model.zero_grad()): fold the new gradient back into the buffer
-            view.add_(param.grad)
+            # the user reset .grad (model.zero_grad() sets it to None): what the buffer held was thrown
+            # away with it, so the new gradient replaces it (a GAN's generator loss leaves gradients in the
+            # discriminator that its zero_grad() must clear)
+            view.copy_(param.grad)
             param.grad = view
 
     def _launch(self, bucket_index: int) -> None:

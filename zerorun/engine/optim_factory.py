@@ -33,6 +33,9 @@ def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: It
     kwargs = {k: v for k, v in params.items() if k not in _DROPPED}
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
+    if type_name.lower() in ("adam", "adamw") and not params.get("torch_adam", False):
+        # DeepSpeed builds FusedAdam / DeepSpeedCPUAdam, whose weight_decay defaults to 0 (torch's AdamW: 0.01)
+        kwargs.setdefault("weight_decay", 0.0)
     if type_name.lower() == "adam" and params.get("adam_w_mode", True):
         # DeepSpeed's "Adam" applies decoupled weight decay (AdamW) unless adam_w_mode is false.
         cls = torch.optim.AdamW

@@ -24,16 +24,20 @@ from zerorun.engine.partition import bucket_of
 
 def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    for prefix, m in module.named_modules():
+    copies: dict[int, torch.Tensor] = {}  # a tied parameter is one tensor under both names, as in state_dict()
+    for prefix, m in module.named_modules(remove_duplicate=False):
         head = f"{prefix}." if prefix else ""
         for name, p in m._parameters.items():
             if p is None or (exclude_frozen and not p.requires_grad):
+                continue
+            if id(p) in copies:
+                out[head + name] = copies[id(p)]
                 continue
             b = bucket_of(p)
             was_sharded = b is not None and b.state is not ParamState.GATHERED
             if was_sharded:
                 b.gather()
-            out[head + name] = p.detach().clone().cpu()
+            out[head + name] = copies[id(p)] = p.detach().clone().cpu()
             if was_sharded:
                 b.release()
         for name, buf in m._buffers.items():
@@ -42,19 +46,23 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
     return out
 
 
-def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
-                     exclude_frozen_parameters: bool = False) -> bool:
+def consolidated_state_dict(engine: Any, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+    """The full state dict in the compute dtype, on CPU, on every rank (a collective at stage 3)."""
     zero = engine.config.zero_optimization
     if engine.zero_stage == 3:
         if not zero.stage3_gather_16bit_weights_on_model_save:
-            raise EngineError("save_16bit_model at stage 3 needs the parameters gathered, which the config "
+            raise EngineError("saving the 16-bit model at stage 3 needs the parameters gathered, which the config "
                               "does not allow",
                               "set zero_optimization.stage3_gather_16bit_weights_on_model_save: true "
                               "(or save a checkpoint and consolidate it)")
-        state = _gathered_state_dict(engine.module, exclude_frozen_parameters)
-    else:
-        state = {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()
-                 if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
+        return _gathered_state_dict(engine.module, exclude_frozen_parameters)
+    return {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()
+            if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
+
+
+def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
+                     exclude_frozen_parameters: bool = False) -> bool:
+    state = consolidated_state_dict(engine, exclude_frozen_parameters)
     if engine.ctx.rank == 0:
         path = Path(save_dir) / save_filename
         path.parent.mkdir(parents=True, exist_ok=True)

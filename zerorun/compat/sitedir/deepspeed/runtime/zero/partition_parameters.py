@@ -1,5 +1,13 @@
 """``deepspeed.runtime.zero.partition_parameters`` -> :mod:`zerorun.compat.params`."""
 
 from zerorun.compat.params import *  # noqa: F403
+from zerorun.compat.tensor_constructors import (  # noqa: F401  names transformers patches around zero.Init
+    _orig_torch_arange,
+    _orig_torch_empty,
+    _orig_torch_full,
+    _orig_torch_ones,
+    _orig_torch_zeros,
+    zero_wrapper_for_fp_tensor_constructor,
+)
 from zerorun.compat.zero_init import Init, register_external_parameter  # noqa: F401
 from zerorun.zero import GatheredParameters  # noqa: F401

@@ -1,0 +1,142 @@
+"""The example DeepSpeed scripts of tests/ds_scripts/ on DeepSpeed itself and on `zerorun --as-deepspeed`,
+losses compared step by step (not part of the test suite: it needs a DeepSpeed install).
+
+    python bench/ds_scripts_vs_deepspeed.py --ds-venv .venv-ds                 # every case
+    python bench/ds_scripts_vs_deepspeed.py --ds-venv .venv-ds --cases clm-z2,clm-z3
+    python bench/ds_scripts_vs_deepspeed.py --ds-venv .venv-ds --json out.json
+
+DeepSpeed runs under its own launcher (`deepspeed --num_gpus 2`, DS_ACCELERATOR=cpu, gloo),
+zerorun under `zerorun --as-deepspeed --num_gpus 2`, with the same script, arguments and
+config. The first DeepSpeed run JIT-compiles its CPU ops (a minute or more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "ds_scripts"
+TRAINER = ("--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+           "--learning_rate", "3e-3", "--warmup_steps", "2", "--weight_decay", "0.01", "--seed", "7",
+           "--num_samples", "40", "--per_device_train_batch_size", "2",
+           # without a GPU, accelerate joins a multi-process DeepSpeed run only from the state run_clm.py sets up
+           "--accelerator_config", '{"use_configured_state": true}')
+
+
+def _cifar_config(stage: int) -> dict[str, Any]:
+    return {"train_batch_size": 8, "steps_per_print": 2000, "gradient_clipping": 1.0,
+            "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.8, 0.999], "eps": 1e-8}},
+            "zero_optimization": {"stage": stage}}
+
+
+def _gan_config(stage: int) -> dict[str, Any]:
+    return {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage}}
+
+
+def cases() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
+    """name -> (script, arguments ({cfg} = the written config, {out} = the output dir), config or None)."""
+    out: dict[str, tuple[str, list[str], dict[str, Any] | None]] = {}
+    for stage in range(4):
+        out[f"cifar-z{stage}"] = ("cifar10_deepspeed.py", ["--deepspeed", "--deepspeed_config", "{cfg}",
+                                  "--samples", "48", "--out_dir", "{out}"], _cifar_config(stage))
+        out[f"gan-z{stage}"] = ("gan_deepspeed_train.py", ["--deepspeed", "--deepspeed_config", "{cfg}",
+                                "--samples", "32", "--out_dir", "{out}"], _gan_config(stage))
+        out[f"bert-z{stage}"] = ("train_bert_ds.py", ["--zero_stage", str(stage), "--num_iterations", "6",
+                                 "--checkpoint_every", "100", "--out_dir", "{out}"], None)
+    for stage in (2, 3):
+        out[f"clm-z{stage}"] = ("run_clm.py", ["--deepspeed", str(SCRIPTS / f"ds_config_zero{stage}.json"),
+                                "--output_dir", "{out}", *TRAINER], None)
+        out[f"accelerate-z{stage}"] = ("accelerate_deepspeed.py", ["--zero_stage", str(stage), "--samples", "48",
+                                       "--out_dir", "{out}"], None)
+    return out
+
+
+def _read_losses(out: Path) -> list[float]:
+    """Per step: the Trainer's logged loss, or the mean over ranks of each rank's losses (GAN: Loss_D, Loss_G)."""
+    history = out / "log_history.json"
+    if history.exists():
+        return [e["loss"] for e in json.loads(history.read_text())]
+    ranks = [json.loads(p.read_text())["losses"] for p in sorted(out.glob("losses_rank*.json"))]
+    ranks = [list(r.values()) if isinstance(r, dict) else r for r in ranks]
+    flat = [[x for v in r for x in (v if isinstance(v, list) else [v])] for r in ranks]  # GAN: D, G per step
+    return [sum(vals) / len(vals) for vals in zip(*flat, strict=True)]
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace(key, value)
+    return arg
+
+
+def run_case(system: str, launcher: list[str], env: dict[str, str], script: str, args: list[str],
+             config: dict[str, Any] | None, timeout: float) -> tuple[list[float] | None, str]:
+    with tempfile.TemporaryDirectory(prefix=f"{system}-") as tmp:
+        out = Path(tmp)
+        cfg = out / "ds_config.json"
+        if config is not None:
+            cfg.write_text(json.dumps(config))
+        port = _free_port()  # DeepSpeed's launcher would take 29500 and collide with any other job there
+        fill = {"{port}": port, "{cfg}": str(cfg), "{out}": str(out)}  # not str.format: arguments hold JSON
+        argv = [_fill(a, fill) for a in [*launcher, str(SCRIPTS / script), *args]]
+        try:
+            proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None, f"timed out after {timeout:.0f} s"
+        if proc.returncode != 0:
+            return None, (proc.stdout + proc.stderr)[-2500:]
+        return _read_losses(out), ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ds-venv", type=Path, required=True, help="virtual environment with deepspeed installed")
+    parser.add_argument("--cases", default=",".join(cases()), help="comma-separated case names")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ns = parser.parse_args()
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+    ds_bin = ns.ds_venv.resolve() / "bin"
+    systems = {
+        "deepspeed": ([str(ds_bin / "deepspeed"), "--num_gpus", "2", "--master_port", "{port}"],
+                      {**base, "PATH": f"{ds_bin}:{base['PATH']}"}),  # its JIT ops cache keys on the ninja found
+        "zerorun": ([sys.executable, "-m", "zerorun.cli", "--as_deepspeed", "--num_gpus", "2",
+                     "--master_port", "auto"], base),
+    }
+    table, figures = cases(), {}
+    for name in ns.cases.split(","):
+        script, args, config = table[name]
+        row: dict[str, Any] = {}
+        for system, (launcher, env) in systems.items():
+            losses, error = run_case(system, launcher, env, script, args, config, ns.timeout)
+            row[system] = losses
+            if error:
+                print(f"{name} on {system} failed:\n{error}", file=sys.stderr)
+        ds, zr = row["deepspeed"], row["zerorun"]
+        if ds and zr and len(ds) == len(zr):
+            row["max_rel_diff"] = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ds, zr, strict=True))
+        figures[name] = row
+        diff = row.get("max_rel_diff")
+        print(f"{name:14s} steps={len(ds or zr or [])}  max |dloss|/loss = "
+              f"{'n/a' if diff is None else f'{diff:.2e}'}", flush=True)
+        for system in systems:
+            print(f"    {system:9s} {' '.join(f'{v:.7f}' for v in row[system] or [])}")
+    if ns.json:
+        ns.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
