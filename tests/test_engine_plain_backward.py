@@ -168,3 +168,31 @@ def test_plain_backward_under_fp16_loss_scaling_is_refused(runs: tuple[int, list
     _, results = runs
     for rank, r in enumerate(results):
         assert r["fp16-error"].startswith(f"[rank {rank}]") and "engine.backward(loss)" in r["fp16-error"], r
+
+
+def test_routed_zero_grad_survives_deepcopy_and_pickle() -> None:
+    """The routed ``zero_grad`` calls the engine; copies of the module (EMA, torch.save) get the plain one."""
+    import copy
+    from types import SimpleNamespace
+
+    from zerorun.engine.grad_sync import route_zero_grad
+
+    calls: list[int] = []
+    model = make_model()
+    route_zero_grad([model], SimpleNamespace(zero=lambda: calls.append(1)))  # type: ignore[list-item]
+    model(torch.randn(2, 7)).sum().backward()
+    model.zero_grad()
+    assert calls == [1] and all(p.grad is None for p in model.parameters())
+    for clone in (copy.deepcopy(model), torch.load(_saved(model), weights_only=False)):
+        clone(torch.randn(2, 7)).sum().backward()
+        clone.zero_grad()
+        assert calls == [1] and all(p.grad is None for p in clone.parameters())
+
+
+def _saved(model: torch.nn.Module):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    return buf

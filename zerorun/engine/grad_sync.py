@@ -33,8 +33,9 @@ Who arms and finishes a pass:
   on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
   fp32 shard. Staging buffers are taken from a pool that grows, while backward runs
   ahead of the reductions, up to ``staging_numel`` elements (``reduce_bucket_size``,
-  twice with ``overlap_comm``: what DeepSpeed's one or two buckets hold); beyond it a
-  hook waits for the oldest reduction to free its buffer.
+  twice with ``overlap_comm``: what DeepSpeed's one or two buckets hold) and at most
+  :data:`MAX_STAGING_BUFFERS` buckets; beyond it a hook waits for the oldest reduction
+  to free its buffer.
 
 Reductions are always issued asynchronously and waited for at the end of the pass (or
 when their staging buffer is needed again): stages 0-1 reduce in the gradient buffers
@@ -74,6 +75,13 @@ class ReducePolicy:
     # stage 2: elements of staging buffers the backward may hold at once (filling or in flight).
     # None: one bucket, two with overlap_comm.
     staging_numel: int | None = None
+
+
+# Stage 2 keeps at most this many staging buffers (of one bucket each), however large
+# reduce_bucket_size: with capped buckets four let backward run ahead of the reductions,
+# and stage 2 still holds less than stage 1's full gradient (measured: an unbounded pool
+# grew to 9 buckets on a loaded machine, more gradient bytes than stage 1).
+MAX_STAGING_BUFFERS = 4
 
 
 class _Tracker:
@@ -226,7 +234,8 @@ class PartitionedGradSync(GradSyncBase):
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)
         two = 2 if policy.overlap_comm else 1
-        self.limit = two if policy.staging_numel is None else max(1, policy.staging_numel // size)
+        bound = two if policy.staging_numel is None else policy.staging_numel // size
+        self.limit = max(1, min(bound, MAX_STAGING_BUFFERS))
         self.free: list[torch.Tensor] = [self._new() for _ in range(min(two, self.limit))]
         self.allocated = len(self.free)
         self.extra_allocated = 0
