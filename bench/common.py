@@ -87,7 +87,9 @@ def base_parser(desc: str) -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--ffn-mult", type=int, default=4)
-    p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--global-batch", type=int, default=128, help="samples per micro-step over all ranks")
+    p.add_argument("--gas", type=int, default=1,
+                   help="gradient accumulation steps: micro-batches (of --global-batch) per optimizer step")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--seed", type=int, default=1234)

@@ -43,7 +43,9 @@ def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warm
     cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
            str(HERE / "run_system.py"), "--system", system, "--steps", str(steps),
            "--warmup", str(warmup), "--hidden", str(args.hidden), "--layers", str(args.layers),
-           "--global-batch", str(args.global_batch), "--threads", str(args.threads)]
+           "--global-batch", str(args.global_batch), "--gas", str(args.gas), "--threads", str(args.threads)]
+    cmd += ["--bucket", str(args.bucket)] if args.bucket is not None else []
+    cmd += ["--overlap", args.overlap] if args.overlap is not None else []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DS_ACCELERATOR": "cpu",
            "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
@@ -78,6 +80,10 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--global-batch", type=int, default=128)
+    p.add_argument("--gas", type=int, default=1, help="gradient accumulation steps (micro-batches per step)")
+    p.add_argument("--bucket", type=int, default=None, help="zerorun reduce_bucket_size (default: config default)")
+    p.add_argument("--overlap", choices=["true", "false"], default=None,
+                   help="zerorun overlap_comm (default: the config default for the stage)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--ds-python", default=None, help="python of an environment with deepspeed")

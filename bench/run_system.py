@@ -9,6 +9,7 @@ the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERAT
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -23,26 +24,34 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import comm_count  # noqa: E402
 import common as C  # noqa: E402
 
-Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Batch = list[tuple[torch.Tensor, torch.Tensor]]  # one optimizer step: ``--gas`` micro-batches
+Step = Callable[[Batch], torch.Tensor]
 
 
 def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Callable[[], list[torch.Tensor]], Any]:
     import zerorun
 
-    cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "steps_per_print": 10**9,
-           "gradient_clipping": 0.0,  # the peers do not clip (DeepSpeed's default would be 1.0)
-           "zero_optimization": {"stage": int(args.system[-1]), "reduce_bucket_size": args.bucket,
-                                 "overlap_comm": True}}
+    zero: dict[str, Any] = {"stage": int(args.system[-1])}  # every other knob at its default ...
+    if args.bucket is not None:  # ... unless the command line sets it
+        zero["reduce_bucket_size"] = args.bucket
+    if args.overlap is not None:
+        zero["overlap_comm"] = args.overlap == "true"
+    cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": args.gas,
+           "gradient_clipping": 0.0,  # the peers do not clip: keep parity whatever the default is
+           "steps_per_print": 10**9, "zero_optimization": zero}
     if args.system == "zerorun-z3":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
         cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=args.prefetch,
                                         stage3_max_live_parameters=4 * args.prefetch)
     engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(model.parameters()), config=cfg)
 
-    def step(x, y):
-        loss = C.loss_fn(engine(x), y)
-        engine.backward(loss)
-        engine.step()
-        return loss.detach()
+    def step(batches: Batch) -> torch.Tensor:
+        losses = []
+        for x, y in batches:
+            loss = C.loss_fn(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach())
+        return torch.stack(losses).mean()
 
     def comm_bytes() -> int:
         return sum(int(row["bytes"]) * (2 if kind == "all_reduce" else 1)
@@ -84,15 +93,26 @@ def setup_torch(args, model, world: int):
     steps = {"n": 0, "bytes": 0}
     fsdp = args.system == "torch-fsdp2"
 
-    def step(x, y):
+    def backward(loss: torch.Tensor, sync: bool) -> None:
+        """Accumulation as the torch docs do it: no gradient sync before the last micro-batch."""
+        if fsdp:
+            model.set_requires_gradient_sync(sync)
+        context = contextlib.nullcontext() if sync or fsdp else wrapped.no_sync()
+        with context:
+            (loss if args.gas == 1 else loss / args.gas).backward()
+
+    def step(batches: Batch) -> torch.Tensor:
         before = comm_count.TOTAL["bytes"]
         opt.zero_grad(set_to_none=fsdp)
-        loss = C.loss_fn(wrapped(x), y)
-        loss.backward()
+        losses = []
+        for k, (x, y) in enumerate(batches):
+            loss = C.loss_fn(wrapped(x), y)
+            backward(loss, sync=k == len(batches) - 1)
+            losses.append(loss.detach())
         opt.step()
         steps["n"] += 1
         steps["bytes"] += comm_count.TOTAL["bytes"] - before
-        return loss.detach()
+        return torch.stack(losses).mean()
 
     inner = opt.optim if hasattr(opt, "optim") else opt
 
@@ -110,8 +130,9 @@ def setup_deepspeed(args, model, world: int):
     import deepspeed
 
     comm_count.install()
-    cfg = {"train_batch_size": args.global_batch, "train_micro_batch_size_per_gpu": args.global_batch // world,
-           "gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "steps_per_print": 10**9,
+    cfg = {"train_batch_size": args.global_batch * args.gas,
+           "train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": args.gas,
+           "gradient_clipping": 0.0, "steps_per_print": 10**9,
            "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True,
            "zero_optimization": {"stage": int(args.system[-1])}}
     engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=C.make_adamw(model.parameters()),
@@ -119,13 +140,16 @@ def setup_deepspeed(args, model, world: int):
 
     counted = {"bytes": 0}
 
-    def step(x, y):
+    def step(batches: Batch) -> torch.Tensor:
         before = comm_count.TOTAL["bytes"]
-        loss = C.loss_fn(engine(x), y)
-        engine.backward(loss)
-        engine.step()
+        losses = []
+        for x, y in batches:
+            loss = C.loss_fn(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach())
         counted["bytes"] += comm_count.TOTAL["bytes"] - before
-        return loss.detach()
+        return torch.stack(losses).mean()
 
     def state() -> int:
         ts = list(model.parameters()) + [p.grad for p in model.parameters()]
@@ -178,7 +202,10 @@ def main() -> None:
     p.add_argument("--system", required=True,
                    help="one system, or several comma-separated: then they run interleaved, step by step, "
                         "in this one job (same load for all; peak RSS is not per system then)")
-    p.add_argument("--bucket", type=int, default=5_000_000, help="zerorun reduce_bucket_size (elements)")
+    p.add_argument("--bucket", type=int, default=None,
+                   help="zerorun reduce_bucket_size (elements; default: the config default)")
+    p.add_argument("--overlap", choices=["true", "false"], default=None,
+                   help="zerorun overlap_comm (default: the config default for the stage)")
     p.add_argument("--prefetch", type=int, default=2_200_000,
                    help="zerorun-z3 stage3_prefetch_bucket_size (elements; ~2 units of the default model)")
     args = p.parse_args()
@@ -193,13 +220,13 @@ def main() -> None:
     threads = C.setup_threads(args, world)
     systems = [_setup_one(n, args, world) for n in names]
     for s in range(args.steps):
-        x, y = C.get_batch(args, s, rank, world)
+        batches = [C.get_batch(args, s * args.gas + k, rank, world) for k in range(args.gas)]
         rotation = s % len(systems)  # rotate the order so no system always runs first
         for sys_ in systems[rotation:] + systems[:rotation]:
             if s == args.warmup:
                 sys_["warm_bytes"] = sys_["comm_bytes"]()
             sys_["meter"].start()
-            loss = sys_["step"](x, y)
+            loss = sys_["step"](batches)
             sys_["meter"].stop(float(loss))
     timed_steps = args.steps - args.warmup
     for sys_ in systems:

@@ -8,14 +8,14 @@ masters -> pick the gradient-sync strategy -> register gradient hooks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from zerorun.engine.bootstrap import DistContext
-from zerorun.engine.buckets import FlatBucket, plan_buckets
+from zerorun.engine.buckets import FlatBucket, layout_numel, plan_buckets
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
@@ -61,7 +61,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     buckets: list[FlatBucket] = []
     group_of_bucket: list[int] = []
     for gi, params in enumerate(groups):
-        for plan in plan_buckets([p.shape for p in params], bucket_size, ctx.world_size, gi):
+        for plan in plan_buckets([p.shape for p in params], layout_numel(bucket_size), ctx.world_size, gi):
             buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
             group_of_bucket.append(gi)
     with torch.no_grad():
@@ -75,7 +75,10 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     masters.rebind()
     module.to(precision.compute_dtype)  # buffers and frozen parameters; bucket views are already cast
     masters.bind_optimizer(optimizer, group_of_bucket)
-    grad_sync = stage.grad_sync(buckets, coll, reduce)
+    # stage 2 stages at most what DeepSpeed's bucket(s) would hold: reduce_bucket_size elements, twice with
+    # overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions
+    staging = bucket_size * (2 if reduce.overlap_comm else 1)
+    grad_sync = stage.grad_sync(buckets, coll, replace(reduce, staging_numel=staging))
     hooks = []
     for bi, b in enumerate(buckets):
         for si, p in enumerate(b.params):

@@ -10,13 +10,15 @@ reduce-scatter, the output of an all-gather. So per step a data-parallel all-red
 Psi elements counts Psi on the ``all_reduce`` row (2 Psi in reduce-scatter + all-gather
 terms), and ZeRO-1/2 count Psi reduce-scatter + Psi all-gather.
 
-gloo has no native reduce-scatter: torch's gloo backend emulates
-``reduce_scatter_tensor`` with an all-reduce of the whole input followed by a copy of
-the rank's chunk. We do the same thing directly (all-reduce in place, the caller reads
-its chunk as a view, no copy) and say so in :meth:`CommCounter.snapshot` (``via``), so
-the counted figure stays the logical reduce-scatter while the transport is honest. The
-all-gather on gloo is likewise an all-reduce of the buffer with the other ranks' chunks
-zeroed (exact, and faster there than gloo's own all-gather); on NCCL both are native.
+gloo has no native reduce-scatter (torch emulates ``reduce_scatter_tensor`` with an
+all-reduce of the whole input) and its all-gather is slow, so on gloo both run as
+direct point-to-point exchanges: for a reduce-scatter each rank sends every peer that
+peer's chunk and adds the N-1 chunks it receives into its own; for an all-gather it
+sends its chunk to every peer and receives theirs in place. Each rank sends (N-1)/N of
+the buffer, half of what an all-reduce moves (measured on 2 gloo ranks, 100 MB:
+reduce-scatter 45 ms, all-gather 35-42 ms, against 60 ms for the all-reduce that
+carried each before). :meth:`CommCounter.snapshot` says so (``via``); the counted
+figures stay the logical collectives. On NCCL both are native.
 Which one runs is decided from the group's device->backend map (see
 :mod:`zerorun.engine.bootstrap`), not from the backend's name.
 
@@ -93,6 +95,20 @@ class Pending:
             self._then()
 
 
+class _Exchange:
+    """The point-to-point works of one emulated collective; ``finish`` runs once all completed."""
+
+    def __init__(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> None:
+        self.works = works
+        self.finish = finish
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        if self.finish is not None:
+            self.finish()
+
+
 class Collectives:
     """Counted collectives over one process group (``group=None`` with world size 1: no-ops)."""
 
@@ -110,8 +126,8 @@ class Collectives:
                            else torch.device(device_type))
         self.native_reduce_scatter = native_scatter(backend)
         if not self.native_reduce_scatter:
-            self.counter.via["reduce_scatter"] = "all_reduce (gloo has no native reduce-scatter)"
-            self.counter.via["all_gather"] = "all_reduce of the zero-filled buffer (faster than gloo's all-gather)"
+            self.counter.via["reduce_scatter"] = "point-to-point chunk exchange (gloo has no native reduce-scatter)"
+            self.counter.via["all_gather"] = "point-to-point chunk exchange (faster than gloo's all-gather)"
 
     def _live(self) -> bool:
         return self.group is not None and self.world_size > 1
@@ -166,7 +182,25 @@ class Collectives:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: dist.reduce_scatter_tensor(
                 self.shard_of(t), t, group=self.group, async_op=async_op))
-        return self._run(flat, async_op, lambda t: dist.all_reduce(t, group=self.group, async_op=async_op))
+        size = flat.numel() // self.world_size
+        received = [torch.empty(size, dtype=flat.dtype, device=flat.device) for _ in self._peers()]
+        ops = []
+        for peer, buf in zip(self._peers(), received, strict=True):
+            ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), peer, self.group),
+                    dist.P2POp(dist.irecv, buf, peer, self.group)]
+        mine = self.shard_of(flat)
+
+        def add_received() -> None:
+            if len(received) == 1 or flat.dtype == torch.float32:
+                for buf in received:
+                    mine.add_(buf)
+                return
+            total = mine.float()  # 16-bit: sum in fp32 and round once (each add_ would round again)
+            for buf in received:
+                total.add_(buf)
+            mine.copy_(total)
+
+        return self._exchange(ops, add_received, async_op)
 
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
@@ -176,14 +210,24 @@ class Collectives:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: dist.all_gather_into_tensor(
                 t, self.shard_of(t), group=self.group, async_op=async_op))
-        # gloo: zero the other ranks' chunks and sum - exact (x + 0 == x), and measured ~20-30%
-        # faster on CPU than gloo's all_gather / all_gather_into_tensor for 20 MB buckets
         size = flat.numel() // self.world_size
-        if self.rank > 0:
-            flat.narrow(0, 0, self.rank * size).zero_()
-        if self.rank < self.world_size - 1:
-            flat.narrow(0, (self.rank + 1) * size, flat.numel() - (self.rank + 1) * size).zero_()
-        return self._run(flat, async_op, lambda t: dist.all_reduce(t, group=self.group, async_op=async_op))
+        ops = []
+        for peer in self._peers():
+            ops += [dist.P2POp(dist.isend, self.shard_of(flat), peer, self.group),
+                    dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), peer, self.group)]
+        return self._exchange(ops, None, async_op)
+
+    def _peers(self) -> list[int]:
+        return [r for r in range(self.world_size) if r != self.rank]
+
+    def _exchange(self, ops: list[dist.P2POp], finish: Callable[[], None] | None, async_op: bool) -> Pending:
+        """Start the point-to-point ``ops`` (every rank issues its collectives in the same order, so
+        sends and receives pair up); ``finish`` runs when they are complete."""
+        exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
+        if async_op:
+            return Pending(exchange)  # type: ignore[arg-type]
+        exchange.wait()
+        return Pending(None)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.counter.add("broadcast", tensor)

@@ -4,6 +4,10 @@
     engine.backward(loss)   # scaled by the loss scale and 1/gradient_accumulation_steps
     engine.step()           # steps the optimizer on the accumulation boundary only
 
+A plain ``loss.backward()`` reduces the gradients too (unscaled: see
+:mod:`zerorun.engine.grad_sync`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
+drop the engine's gradients as ``engine.zero_grad()`` does.
+
 The engine holds the parts (buckets, master shards, gradient sync) and sequences them;
 it never asks which ZeRO stage it runs.
 """
@@ -23,7 +27,9 @@ from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.ds_surface import DeepSpeedSurface
+from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
+from zerorun.engine.grad_sync import route_zero_grad
 from zerorun.engine.hf_surface import HfSurface
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import optimizer_state_bytes
@@ -67,6 +73,8 @@ class Engine(DeepSpeedSurface, HfSurface):
         self._last_loss: torch.Tensor | None = None
         self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
+        parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
+        route_zero_grad([module, optimizer], parts.grad_sync)
 
     # ---- the training loop -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -98,6 +106,10 @@ class Engine(DeepSpeedSurface, HfSurface):
 
     def _optimizer_step(self) -> None:
         parts, scale = self.parts, self.scaler.scale
+        if parts.grad_sync.unscaled_passes and scale != 1.0:
+            raise EngineError(f"[rank {self.ctx.rank}] a plain loss.backward() ran under {self.precision.name} "
+                              f"loss scaling (scale {scale:g}): its gradients are not scaled, and the step would "
+                              "unscale them", "call engine.backward(loss) instead of loss.backward()")
         owned = parts.grad_sync.owned_grads()
         norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
         overflow = not torch.isfinite(torch.tensor(norm_sq)).item()

@@ -1,11 +1,27 @@
 """Gradient synchronisation strategies: how each stage turns local gradients into owned, reduced ones.
 
-All strategies share the same flow, driven by post-accumulate-grad hooks:
-``prepare_backward(sync)`` -> hooks call ``on_grad_ready`` as gradients land -> a
-bucket whose parameters are all ready is launched (asynchronously) -> the engine calls
-``finish_backward()`` which launches leftover buckets (parameters unused in forward) in
-bucket order and waits for everything. After the boundary micro-step
-``owned_grads()`` gives, per bucket, the reduced gradient chunk this rank steps.
+All strategies share the same flow, driven by post-accumulate-grad hooks: a backward
+pass is *armed* -> hooks call ``on_grad_ready`` as gradients land -> a bucket whose
+parameters are all ready is launched (asynchronously) -> ``finish_backward()`` launches
+leftover buckets (parameters unused in forward) in bucket order and waits for
+everything. After the boundary micro-step ``owned_grads()`` gives, per bucket, the
+reduced gradient chunk this rank steps.
+
+Who arms and finishes a pass:
+
+* ``engine.backward(loss)`` arms it (``prepare_backward``), runs autograd, and calls
+  ``finish_backward()``; the loss is multiplied by the loss scale and divided by the
+  accumulation steps first.
+* A plain ``loss.backward()`` works too: the first gradient hook of the pass arms it
+  (whether it is the boundary micro-step comes from the engine's micro-step count, i.e.
+  from ``engine.step()`` being called every micro-step) and queues ``finish_backward``
+  as an autograd end-of-backward callback, so gradients are reduced when
+  ``backward()`` returns, as DDP's are. As in DeepSpeed, nothing scales such a loss:
+  with accumulation the reduced gradient is the *sum* of the micro-steps' rank-averaged
+  gradients (divide the loss by ``gradient_accumulation_steps`` yourself for the
+  mean), and fp16's loss scale is not applied (the step refuses it; use
+  ``engine.backward``). Reentrant activation checkpointing runs nested backward passes
+  that would end the pass early: use ``engine.backward`` with it.
 
 * :class:`BucketGradSync` with ``scatter=False`` (stage 0): full gradient buffers
   (``param.grad`` is a view into them, so autograd accumulates micro-steps in place),
@@ -15,8 +31,20 @@ bucket order and waits for everything. After the boundary micro-step
 * :class:`PartitionedGradSync` (stage 2): no full gradient buffers. Each gradient is
   copied into a bucket-sized staging buffer and freed; a full bucket is reduce-scattered
   on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
-  fp32 shard. ``overlap_comm`` keeps two staging buffers so backward fills one while the
-  other is in flight.
+  fp32 shard. Staging buffers are taken from a pool that grows, while backward runs
+  ahead of the reductions, up to ``staging_numel`` elements (``reduce_bucket_size``,
+  twice with ``overlap_comm``: what DeepSpeed's one or two buckets hold) and at most
+  :data:`MAX_STAGING_BUFFERS` buckets; beyond it a hook waits for the oldest reduction
+  to free its buffer.
+
+Reductions are always issued asynchronously and waited for at the end of the pass (or
+when their staging buffer is needed again): stages 0-1 reduce in the gradient buffers
+themselves, so overlapping costs no memory there.
+
+``zero()`` drops every gradient accumulated since the last optimizer step; the engine
+routes ``model.zero_grad()`` and ``optimizer.zero_grad()`` to it
+(:func:`route_zero_grad`), and a ``param.grad`` that user code replaced or set to
+``None`` is noticed at the next gradient or step (stages 0-1).
 
 Averaging: gradients are multiplied by ``1/predivide`` before the reduction and by
 ``predivide/world`` after it (DeepSpeed's ``gradient_predivide_factor``).
@@ -24,10 +52,14 @@ Averaging: gradients are multiplied by ``1/predivide`` before the reduction and 
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.autograd import Variable
 
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.collectives import Collectives, Pending
@@ -40,6 +72,16 @@ class ReducePolicy:
     comm_dtype: torch.dtype | None  # None: the gradients' own dtype
     predivide: float = 1.0
     overlap_comm: bool = True
+    # stage 2: elements of staging buffers the backward may hold at once (filling or in flight).
+    # None: one bucket, two with overlap_comm.
+    staging_numel: int | None = None
+
+
+# Stage 2 keeps at most this many staging buffers (of one bucket each), however large
+# reduce_bucket_size: with capped buckets four let backward run ahead of the reductions,
+# and stage 2 still holds less than stage 1's full gradient (measured: an unbounded pool
+# grew to 9 buckets on a loaded machine, more gradient bytes than stage 1).
+MAX_STAGING_BUFFERS = 4
 
 
 class _Tracker:
@@ -68,19 +110,29 @@ class GradSyncBase:
         self.tracker = _Tracker(buckets)
         self.inflight: deque[Pending] = deque()
         self.sync = True
+        self.armed = False  # a backward pass is in progress
+        self.unscaled_passes = 0  # plain loss.backward() passes since the last zero()
+        self.boundary: Callable[[], bool] = lambda: True  # the engine's "is this the boundary micro-step?"
         self.pre = 1.0 / policy.predivide
         self.post = policy.predivide / coll.world_size
 
     def prepare_backward(self, sync: bool) -> None:
+        """Arm a pass that the caller finishes itself with :meth:`finish_backward` (``engine.backward``)."""
         self.sync = sync
         self.tracker.reset()
+        self.armed = True
 
     def on_grad_ready(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        if not self.armed:  # a plain loss.backward(): arm now, finish when autograd is done
+            self.prepare_backward(self.boundary())
+            self.unscaled_passes += 1
+            Variable._execution_engine.queue_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
         if self.tracker.mark(bucket_index) and self._reduces_now():
             self._launch(bucket_index)
 
     def finish_backward(self) -> None:
+        self.armed = False
         if self._reduces_now():
             for i in range(len(self.buckets)):
                 if not self.tracker.launched[i]:
@@ -103,11 +155,8 @@ class GradSyncBase:
         if self.pre != 1.0:
             comm.mul_(self.pre)
         op = self.coll.reduce_scatter if scatter else self.coll.all_reduce
-        pending = op(comm, async_op=self.policy.overlap_comm).then(lambda: then(comm))
-        if not self.policy.overlap_comm:
-            pending.wait()
-        else:
-            self.inflight.append(pending)
+        pending = op(comm, async_op=True).then(lambda: then(comm))
+        self.inflight.append(pending)
         return pending
 
 
@@ -130,12 +179,22 @@ class BucketGradSync(GradSyncBase):
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         view = self.views[bucket_index][slot_index]
-        if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
-            # the user reset .grad (model.zero_grad() sets it to None): what the buffer held was thrown
-            # away with it, so the new gradient replaces it (a GAN's generator loss leaves gradients in the
-            # discriminator that its zero_grad() must clear)
+        if param.grad is not None and param.grad is not view:
+            # user code cleared or replaced .grad since it was bound: what the buffer holds for this
+            # parameter is gone, and autograd's fresh tensor is the whole gradient now
             view.copy_(param.grad)
             param.grad = view
+
+    def _sweep_cleared(self) -> None:
+        """Zero the buffer slot of every parameter whose ``.grad`` user code detached from it."""
+        for b, views in zip(self.buckets, self.views, strict=True):
+            for p, v in zip(b.params, views, strict=True):
+                if p.grad is not v:
+                    if p.grad is None:
+                        v.zero_()
+                    else:
+                        v.copy_(p.grad)
+                    p.grad = v
 
     def _launch(self, bucket_index: int) -> None:
         self.tracker.launched[bucket_index] = True
@@ -151,12 +210,14 @@ class BucketGradSync(GradSyncBase):
         self._reduce(flat, self.scatter, done)
 
     def owned_grads(self) -> list[torch.Tensor]:
+        self._sweep_cleared()
         return [b.shard(g) if self.scatter else g for b, g in zip(self.buckets, self.grads, strict=True)]
 
     def zero(self) -> None:
         for g in self.grads:
             g.zero_()
         self.attach_views()
+        self.unscaled_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
         """(gradient bytes, communication buffer bytes) this rank holds."""
@@ -172,7 +233,11 @@ class PartitionedGradSync(GradSyncBase):
         size = max(b.plan.padded_numel for b in buckets)
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)
-        self.free: list[torch.Tensor] = [self._new() for _ in range(2 if policy.overlap_comm else 1)]
+        two = 2 if policy.overlap_comm else 1
+        bound = two if policy.staging_numel is None else policy.staging_numel // size
+        self.limit = max(1, min(bound, MAX_STAGING_BUFFERS))
+        self.free: list[torch.Tensor] = [self._new() for _ in range(min(two, self.limit))]
+        self.allocated = len(self.free)
         self.extra_allocated = 0
         self.staging: dict[int, torch.Tensor] = {}
         self.filled: dict[int, list[bool]] = {}
@@ -182,10 +247,15 @@ class PartitionedGradSync(GradSyncBase):
         return True  # DeepSpeed's stage 2 reduces on every micro-step
 
     def _acquire(self, bucket_index: int) -> torch.Tensor:
+        """A staging buffer: a free one, a new one within ``limit``, the oldest in flight's, or one extra."""
+        if not self.free and self.allocated < self.limit:
+            self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
+            self.free.append(self._new())
         if not self.free and self.inflight:
             self.inflight.popleft().wait()  # completion returns its buffer to the free list
         if not self.free:
             self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
+            self.allocated += 1
             self.free.append(self._new())
         buf = self.free.pop()
         self.staging[bucket_index] = buf
@@ -234,6 +304,7 @@ class PartitionedGradSync(GradSyncBase):
         for a in self.acc:
             a.zero_()
         self.fresh = [True] * len(self.buckets)
+        self.unscaled_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
         grads = sum(a.numel() * a.element_size() for a in self.acc)
@@ -241,3 +312,29 @@ class PartitionedGradSync(GradSyncBase):
         buf = self.free[0] if self.free else None
         per = buf.numel() * buf.element_size() if buf is not None else 0
         return grads, n_buffers * per
+
+
+class _ZeroGradRoute:
+    """``owner.zero_grad`` that also drops the engine's gradients (installed on the instance).
+
+    Pickling or deep-copying the owner (``torch.save(model)``, an EMA copy) keeps the class's
+    plain ``zero_grad``: the copy has no engine.
+    """
+
+    def __init__(self, owner: Any, on_zero: Callable[[], None]) -> None:
+        self.owner = owner
+        self.plain = type(owner).zero_grad
+        self.on_zero = on_zero
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        self.plain(self.owner, *args, **kwargs)
+        self.on_zero()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return functools.partial, (self.plain, self.owner)
+
+
+def route_zero_grad(owners: list[Any], sync: GradSyncBase) -> None:
+    """Make ``zero_grad()`` of each owner (the module, the optimizer) clear ``sync``'s gradients too."""
+    for owner in owners:
+        owner.zero_grad = _ZeroGradRoute(owner, sync.zero)
