@@ -17,6 +17,15 @@ def test_script_that_declares_local_rank_keeps_it() -> None:
     assert parser.parse_args([]).local_rank == -1  # the script's default, not ours
 
 
+def test_script_that_declares_local_rank_after_the_helper_keeps_it() -> None:
+    """DeepSpeed's helper adds no --local_rank, so some scripts declare theirs afterwards."""
+    parser = add_config_arguments(argparse.ArgumentParser())
+    parser.add_argument("--local_rank", type=int, default=-1)
+    ns = parser.parse_args(["--local_rank=1", "--deepspeed_config", "ds.json"])
+    assert (ns.local_rank, ns.deepspeed_config) == (1, "ds.json")
+    assert parser.parse_args([]).local_rank == -1
+
+
 def test_script_with_its_own_config_flag_keeps_it() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", help="the model's config")

@@ -47,7 +47,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     """Add ``--deepspeed``, ``--deepspeed_config`` (alias ``--config``) and ``--local_rank``, as DeepSpeed's helper does.
 
     Flags the parser already has are left to it: most DeepSpeed scripts declare their own
-    ``--local_rank`` (and some a ``--config`` of their own), which would otherwise clash.
+    ``--local_rank`` (and some a ``--config`` of their own), which would otherwise clash. A
+    ``--local_rank`` the script declares afterwards replaces ours.
     """
     have = parser._option_string_actions  # argparse's own registry of the option strings taken
 
@@ -68,6 +69,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     if (flags := free("--local_rank", "--local-rank")) and len(flags) == 2:
         group.add_argument(*flags, type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
                            help="set by launchers that pass it as a flag")
+        # DeepSpeed's helper adds no --local_rank, so scripts also declare theirs *after* calling
+        # it: let a later declaration replace ours instead of raising argparse's conflict error
+        for container in (parser, *parser._action_groups):  # each group keeps its own copy
+            container.conflict_handler = "resolve"
     return parser
 
 
