@@ -67,10 +67,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     if flags := free("--deepscale_config"):
         group.add_argument(*flags, default=None, type=str, help=argparse.SUPPRESS)
     if (flags := free("--local_rank", "--local-rank")) and len(flags) == 2:
-        group.add_argument(*flags, type=int, default=int(os.environ.get("LOCAL_RANK", 0)),
-                           help="set by launchers that pass it as a flag")
         # DeepSpeed's helper adds no --local_rank, so scripts also declare theirs *after* calling
-        # it: let a later declaration replace ours instead of raising argparse's conflict error
+        # it: a later declaration replaces ours instead of raising argparse's conflict error, and
+        # the default lives in the parser's defaults, so a later declaration's own default wins
+        parser.set_defaults(local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+        group.add_argument(*flags, type=int, default=argparse.SUPPRESS,
+                           help="set by launchers that pass it as a flag")
         for container in (parser, *parser._action_groups):  # each group keeps its own copy
             container.conflict_handler = "resolve"
     return parser
