@@ -114,7 +114,8 @@ class Case:
 
     def config(self) -> dict:
         return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": self.gas,
-                "steps_per_print": 10**6, "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": 0.9}},
+                "steps_per_print": 10**6, "gradient_clipping": 0.0,  # the reference does not clip
+                "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": 0.9}},
                 "zero_optimization": {"stage": 3, "overlap_comm": self.gas == 1,
                                       "stage3_prefetch_bucket_size": 400 if self.prefetch else 0,
                                       "stage3_max_live_parameters": 2000 if self.prefetch else 10**9,
