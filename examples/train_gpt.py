@@ -135,7 +135,8 @@ def main() -> None:
             if micro % engine.gradient_accumulation_steps():
                 continue
             if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
-                print(f"step {step + 1:3d}  loss {sum(window) / len(window):.4f}", flush=True)
+                print(f"step {step + 1:3d}  mean loss of {len(window)} micro batches {sum(window) / len(window):.4f}",
+                      flush=True)
             if (step + 1) % args.print_every == 0:
                 window.clear()
             step += 1

@@ -83,7 +83,9 @@ def main() -> None:
             window.append(loss.item())
         if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
             mean = sum(window) / len(window)
-            print(f"step {step + 1:3d}  loss {mean:.4f}  lr {engine.get_lr()[0]:.2e}", flush=True)
+            # labelled as a mean: the engine's own progress line shows the last micro batch's loss
+            print(f"step {step + 1:3d}  mean loss of {len(window)} micro batches {mean:.4f}  "
+                  f"lr {engine.get_lr()[0]:.2e}", flush=True)
         if (step + 1) % args.print_every == 0:
             window.clear()
     if rank == 0:

@@ -20,7 +20,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _losses(out: str) -> list[float]:
-    return [float(m) for m in re.findall(r"^step +\d+ +loss ([0-9.]+)", out, flags=re.M)]
+    return [float(m) for m in re.findall(r"^step +\d+ +mean loss of \d+ micro batches ([0-9.]+)", out, flags=re.M)]
 
 
 def _torchrun(script: str, *args: str, env: dict[str, str] | None = None) -> str:
