@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.dist_harness import run_distributed
-from tests.test_engine_cases import MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
+from tests.test_engine_cases import HID, MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
 
 STEPS = 3
 LR = 0.05
@@ -28,7 +28,9 @@ LR = 0.05
 @dataclass(frozen=True)
 class TwoCase:
     stage: int
-    mode: str  # "engine": engine.backward twice | "plain": loss.backward() twice
+    mode: str  # "engine": engine.backward twice | "plain": loss.backward() twice | "partial": engine.backward
+    # twice, the second loss through the head alone (the other buckets get no new gradient) | "summed":
+    # one engine.backward of the two losses' sum (the common path: one reduction per bucket per step)
     gas: int = 1
 
     @property
@@ -46,13 +48,23 @@ class TwoCase:
 
 def _cases(world: int) -> list[TwoCase]:
     if world == 3:
-        return [TwoCase(1, m, g) for m in ("engine", "plain") for g in (1, 2)] + [TwoCase(2, "engine", 2)]
-    return [TwoCase(s, m, g) for s in (0, 1, 2, 3) for m in ("engine", "plain") for g in (1, 2)]
+        stage1 = [TwoCase(1, m, g) for m in ("engine", "plain") for g in (1, 2)] + [TwoCase(1, "partial")]
+        return stage1 + [TwoCase(0, "plain", 2), TwoCase(2, "engine", 2), TwoCase(3, "engine", 2)]
+    cases = [TwoCase(s, m, g) for s in (0, 1, 2, 3) for m in ("engine", "plain") for g in (1, 2)]
+    return cases + [TwoCase(s, "partial", 2) for s in (1, 3)] + [TwoCase(1, "summed", 2)]
 
 
 def _batches(step: int, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The two losses' batches of one step (the discriminator's real and fake ones)."""
     return [global_batch(step, rows), global_batch(100 + step, rows)]
+
+
+def _loss(case: TwoCase, i: int, forward, head, batches, sl: slice) -> torch.Tensor:
+    """Loss ``i`` of a micro-step on rows ``sl`` (in "partial" the second one runs the head alone)."""
+    x, y = batches[i]
+    if i == 1 and case.mode == "partial":
+        return loss_fn(head(x[sl].repeat(1, 3)[:, :HID]), y[sl])
+    return loss_fn(forward(x[sl]), y[sl])
 
 
 def train(case: TwoCase, rank: int, world: int) -> dict:
@@ -66,14 +78,21 @@ def train(case: TwoCase, rank: int, world: int) -> dict:
         batches = _batches(step, rows)
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            for x, y in batches:
-                loss = loss_fn(engine(x[sl]), y[sl])
-                engine.backward(loss) if case.mode == "engine" else loss.backward()
+            if case.mode == "summed":
+                parts = [_loss(case, i, engine, model.head, batches, sl) for i in range(2)]
+                engine.backward(parts[0] + parts[1])
+                losses += [p.item() for p in parts]
+                engine.step()
+                continue
+            for i in range(2):  # each loss is built just before its backward, as a GAN's are
+                loss = _loss(case, i, engine, model.head, batches, sl)
+                loss.backward() if case.mode == "plain" else engine.backward(loss)
                 losses.append(loss.item())
             engine.step()
     with zerorun.zero.GatheredParameters(list(model.parameters())):
         params = [p.detach().clone() for p in model.parameters()]
-    return {"params": params, "losses": losses, "global_steps": engine.global_steps}
+    return {"params": params, "losses": losses, "global_steps": engine.global_steps,
+            "buckets": len(engine.parts.buckets), "reduce_scatters": engine.coll.counter.counts["reduce_scatter"].calls}
 
 
 def reference(case: TwoCase, world: int) -> tuple[list[torch.Tensor], list[float]]:
@@ -81,14 +100,14 @@ def reference(case: TwoCase, world: int) -> tuple[list[torch.Tensor], list[float
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     rows = MICRO_BATCH * world * case.gas
-    factor = 1.0 / case.gas if case.mode == "engine" else 1.0
+    factor = 1.0 if case.mode == "plain" else 1.0 / case.gas  # engine.backward divides by gas
     losses = []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=False)
         batches = _batches(step, rows)
         for k in range(case.gas):
             sl = slice(k * world * MICRO_BATCH, (k + 1) * world * MICRO_BATCH)
-            parts = [loss_fn(model(x[sl]), y[sl]) for x, y in batches]
+            parts = [_loss(case, i, model, model.head, batches, sl) for i in range(2)]
             (sum(parts) * factor).backward()
             losses += [p.item() for p in parts]
         opt.step()
@@ -116,6 +135,9 @@ def test_two_backwards_per_step_match_one_backward_of_the_summed_loss(runs: tupl
         for rank, r in enumerate(results):
             got = r[case.name]
             assert got["global_steps"] == STEPS, case.name
+            if case.stage == 1:  # one reduce-scatter per bucket per backward on the boundary micro-step
+                passes = 1 if case.mode == "summed" else 2
+                assert got["reduce_scatters"] == passes * got["buckets"] * STEPS, (case.name, got["reduce_scatters"])
             worst = max(torch.dist(g, w).item() for g, w in zip(got["params"], want, strict=True))
             if worst > 1e-4:
                 failures.append(f"[rank {rank}] {case.name}: parameter distance {worst:.3g}")
