@@ -47,7 +47,7 @@ def test_cifar_matches_reference(tmp_path: Path, stage: int) -> None:
     assert runs[0]["lr"] == [0.01]
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 1, 2])
 def test_gan_two_engines_client_optimizers(tmp_path: Path, stage: int) -> None:
     """Two engines, client Adam optimizers, modules called directly; G's loss also leaves gradients in D,
     which `netD.zero_grad()` must clear before D's next step (at stage 0 it did not)."""

@@ -27,7 +27,17 @@ Who arms and finishes a pass:
   (``param.grad`` is a view into them, so autograd accumulates micro-steps in place),
   an all-reduce per bucket on the boundary micro-step only.
 * :class:`BucketGradSync` with ``scatter=True`` (stage 1): same buffers, a
-  reduce-scatter per bucket on the boundary micro-step; the rank owns its chunk.
+  reduce-scatter per bucket on the boundary micro-step; the rank owns its chunk. The
+  other chunks are undefined afterwards, so the pass then detaches the bucket's
+  ``param.grad`` (``None``: the reduced chunk is the engine's), and a second backward on
+  the same micro-step (a GAN's discriminator: real, then fake) first folds the owned
+  chunk into an fp32 sum (:class:`~zerorun.engine.grad_accum.ShardAccumulator`, stage 2's
+  accumulator) and restarts the buffer from zero; its reduction adds to that sum. Stage 0
+  needs nothing: its all-reduce leaves every rank the whole average, which the next
+  reduction averages again unchanged.
+
+Whatever the stage, the step uses the sum over all backward passes since the last step
+of their rank-averaged gradients, as one backward of the summed loss would give.
 * :class:`PartitionedGradSync` (stage 2): no full gradient buffers. Each gradient is
   copied into a bucket-sized staging buffer and freed; a full bucket is reduce-scattered
   on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
@@ -44,7 +54,8 @@ themselves, so overlapping costs no memory there.
 ``zero()`` drops every gradient accumulated since the last optimizer step; the engine
 routes ``model.zero_grad()`` and ``optimizer.zero_grad()`` to it
 (:func:`route_zero_grad`), and a ``param.grad`` that user code replaced or set to
-``None`` is noticed at the next gradient or step (stages 0-1).
+``None`` is noticed at the next gradient or step (stages 0-1; at stage 1 not after the
+boundary reduction, which holds the reduced gradient itself).
 
 Averaging: gradients are multiplied by ``1/predivide`` before the reduction and by
 ``predivide/world`` after it (DeepSpeed's ``gradient_predivide_factor``).
@@ -63,6 +74,7 @@ from torch.autograd import Variable
 
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.collectives import Collectives, Pending
+from zerorun.engine.grad_accum import ShardAccumulator
 
 
 @dataclass(frozen=True)
@@ -170,6 +182,10 @@ class BucketGradSync(GradSyncBase):
         self.grads = [torch.zeros_like(b.data) for b in buckets]
         self.views = [b.grad_views(g) for b, g in zip(buckets, self.grads, strict=True)]
         self.attach_views()
+        # stage 1: buckets whose owned chunk holds a reduce-scatter result since the last zero(); their
+        # params' .grad are detached (None) so that a second backward pass does not add into that chunk
+        self.reduced = [False] * len(buckets)
+        self.accum = ShardAccumulator(buckets, eager=False)  # the earlier reductions of a repeated backward
 
     def attach_views(self) -> None:
         """Make each ``param.grad`` a view of its bucket's gradient buffer (accumulated in place)."""
@@ -178,6 +194,8 @@ class BucketGradSync(GradSyncBase):
                 p.grad = v
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        if self.reduced[bucket_index]:  # another backward on a reduced micro-step
+            self._reopen(bucket_index)
         view = self.views[bucket_index][slot_index]
         if param.grad is not None and param.grad is not view:
             # user code cleared or replaced .grad since it was bound: what the buffer holds for this
@@ -185,9 +203,29 @@ class BucketGradSync(GradSyncBase):
             view.copy_(param.grad)
             param.grad = view
 
+    def _reopen(self, bucket_index: int) -> None:
+        """Fold a reduced owned chunk into the fp32 sum and clear the buffer for the next pass's gradients.
+
+        The chunks this rank does not own are undefined after a reduce-scatter: adding new
+        gradients there and reducing again would be wrong, so the whole buffer restarts from zero.
+        """
+        bucket = self.buckets[bucket_index]
+        self.accum.add(bucket_index, bucket.shard(self.grads[bucket_index]))
+        self.grads[bucket_index].zero_()
+        self.reduced[bucket_index] = False
+
+    def finish_backward(self) -> None:
+        super().finish_backward()
+        for b, reduced in zip(self.buckets, self.reduced, strict=True):
+            if reduced:  # a later pass must hand in its gradient alone: autograd assigns a new .grad
+                for p in b.params:
+                    p.grad = None
+
     def _sweep_cleared(self) -> None:
         """Zero the buffer slot of every parameter whose ``.grad`` user code detached from it."""
-        for b, views in zip(self.buckets, self.views, strict=True):
+        for b, views, reduced in zip(self.buckets, self.views, self.reduced, strict=True):
+            if reduced:  # the engine detached them (finish_backward); the owned chunk is the result
+                continue
             for p, v in zip(b.params, views, strict=True):
                 if p.grad is not v:
                     if p.grad is None:
@@ -198,8 +236,11 @@ class BucketGradSync(GradSyncBase):
 
     def _launch(self, bucket_index: int) -> None:
         self.tracker.launched[bucket_index] = True
+        if self.reduced[bucket_index]:  # no new gradient on this rank, but every rank reduces every bucket
+            self._reopen(bucket_index)
         flat = self.grads[bucket_index]
         bucket = self.buckets[bucket_index]
+        self.reduced[bucket_index] = self.scatter
 
         def done(comm: torch.Tensor) -> None:
             target = bucket.shard(flat) if self.scatter else flat
@@ -211,17 +252,29 @@ class BucketGradSync(GradSyncBase):
 
     def owned_grads(self) -> list[torch.Tensor]:
         self._sweep_cleared()
-        return [b.shard(g) if self.scatter else g for b, g in zip(self.buckets, self.grads, strict=True)]
+        if not self.scatter:
+            return list(self.grads)
+        owned = []
+        for i, (b, g) in enumerate(zip(self.buckets, self.grads, strict=True)):
+            if self.accum.holds(i):  # reduced more than once this step: the fp32 sum of all of them
+                if self.reduced[i]:
+                    self._reopen(i)
+                owned.append(self.accum.get(i))
+            else:
+                owned.append(b.shard(g))
+        return owned
 
     def zero(self) -> None:
         for g in self.grads:
             g.zero_()
         self.attach_views()
+        self.reduced = [False] * len(self.buckets)
+        self.accum.zero()
         self.unscaled_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
         """(gradient bytes, communication buffer bytes) this rank holds."""
-        return sum(g.numel() * g.element_size() for g in self.grads), 0
+        return sum(g.numel() * g.element_size() for g in self.grads) + self.accum.nbytes(), 0
 
 
 class PartitionedGradSync(GradSyncBase):
@@ -229,7 +282,7 @@ class PartitionedGradSync(GradSyncBase):
 
     def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
         super().__init__(buckets, coll, policy)
-        self.acc = [torch.zeros(b.shard_numel, dtype=torch.float32, device=b.data.device) for b in buckets]
+        self.accum = ShardAccumulator(buckets, eager=True)
         size = max(b.plan.padded_numel for b in buckets)
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)
@@ -241,7 +294,6 @@ class PartitionedGradSync(GradSyncBase):
         self.extra_allocated = 0
         self.staging: dict[int, torch.Tensor] = {}
         self.filled: dict[int, list[bool]] = {}
-        self.fresh = [True] * len(buckets)  # the accumulator holds nothing yet: overwrite, not add
 
     def _reduces_now(self) -> bool:
         return True  # DeepSpeed's stage 2 reduces on every micro-step
@@ -287,27 +339,20 @@ class PartitionedGradSync(GradSyncBase):
         flat = buf.narrow(0, 0, bucket.plan.padded_numel)
 
         def done(comm: torch.Tensor) -> None:
-            acc, part = self.acc[bucket_index], bucket.shard(comm)
-            if self.fresh[bucket_index]:
-                torch.mul(part, self.post, out=acc)
-                self.fresh[bucket_index] = False
-            else:
-                acc.add_(part, alpha=self.post)
+            self.accum.add(bucket_index, bucket.shard(comm), self.post)
             self.free.append(buf)
 
         self._reduce(flat, True, done)
 
     def owned_grads(self) -> list[torch.Tensor]:
-        return self.acc
+        return [self.accum.get(i) for i in range(len(self.buckets))]
 
     def zero(self) -> None:
-        for a in self.acc:
-            a.zero_()
-        self.fresh = [True] * len(self.buckets)
+        self.accum.zero()
         self.unscaled_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
-        grads = sum(a.numel() * a.element_size() for a in self.acc)
+        grads = self.accum.nbytes()
         n_buffers = len(self.free) + len(self.staging) + len(self.inflight)
         buf = self.free[0] if self.free else None
         per = buf.numel() * buf.element_size() if buf is not None else 0

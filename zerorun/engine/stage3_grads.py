@@ -87,12 +87,7 @@ class Stage3GradSync(PartitionedGradSync):
         def done(comm: torch.Tensor) -> None:
             part = comm.narrow(0, rank * total, total)
             for bi, offset, shard in members:
-                acc, piece = self.acc[bi], part.narrow(0, offset, shard)
-                if self.fresh[bi]:
-                    torch.mul(piece, self.post, out=acc)
-                    self.fresh[bi] = False
-                else:
-                    acc.add_(piece, alpha=self.post)
+                self.accum.add(bi, part.narrow(0, offset, shard), self.post)
 
         assert flat.numel() == world * total
         self._reduce(flat, True, done)
