@@ -13,37 +13,22 @@ One spawned group per world size runs every case.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
 from tests.dist_harness import run_distributed
 from tests.test_engine_cases import HID, MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
+from tests.test_engine_plain_backward import PlainCase
 
 STEPS = 3
 LR = 0.05
 
 
-@dataclass(frozen=True)
-class TwoCase:
-    stage: int
-    mode: str  # "engine": engine.backward twice | "plain": loss.backward() twice | "partial": engine.backward
-    # twice, the second loss through the head alone (the other buckets get no new gradient) | "summed":
-    # one engine.backward of the two losses' sum (the common path: one reduction per bucket per step)
-    gas: int = 1
-
-    @property
-    def name(self) -> str:
-        return f"stage{self.stage}-{self.mode}-gas{self.gas}"
-
-    def config(self) -> dict:
-        zero: dict = {"stage": self.stage, "reduce_bucket_size": 60, "overlap_comm": self.stage % 2 == 0}
-        if self.stage == 3:
-            zero["stage3_param_persistence_threshold"] = 0  # every unit partitioned
-        return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": self.gas,
-                "gradient_clipping": 0.0, "steps_per_print": 10**6,
-                "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": 0.9}}, "zero_optimization": zero}
+class TwoCase(PlainCase):
+    """The plain-backward cases' stage, config and name; ``mode`` here: "engine": engine.backward
+    twice | "plain": loss.backward() twice | "partial": engine.backward twice, the second loss
+    through the head alone (the other buckets get no new gradient) | "summed": one
+    engine.backward of the two losses' sum (the common path: one reduction per bucket per step)."""
 
 
 def _cases(world: int) -> list[TwoCase]:
