@@ -28,6 +28,17 @@ Batch = list[tuple[torch.Tensor, torch.Tensor]]  # one optimizer step: ``--gas``
 Step = Callable[[Batch], torch.Tensor]
 
 
+def _engine_step(engine: Any, batches: Batch) -> torch.Tensor:
+    """One optimizer step of a DeepSpeed-shaped engine (zerorun's or DeepSpeed's): the mean micro-batch loss."""
+    losses = []
+    for x, y in batches:
+        loss = C.loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).mean()
+
+
 def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Callable[[], list[torch.Tensor]], Any]:
     import zerorun
 
@@ -45,13 +56,7 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
     engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(model.parameters()), config=cfg)
 
     def step(batches: Batch) -> torch.Tensor:
-        losses = []
-        for x, y in batches:
-            loss = C.loss_fn(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.detach())
-        return torch.stack(losses).mean()
+        return _engine_step(engine, batches)
 
     def comm_bytes() -> int:
         return sum(int(row["bytes"]) * (2 if kind == "all_reduce" else 1)
@@ -142,14 +147,9 @@ def setup_deepspeed(args, model, world: int):
 
     def step(batches: Batch) -> torch.Tensor:
         before = comm_count.TOTAL["bytes"]
-        losses = []
-        for x, y in batches:
-            loss = C.loss_fn(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.detach())
+        loss = _engine_step(engine, batches)
         counted["bytes"] += comm_count.TOTAL["bytes"] - before
-        return torch.stack(losses).mean()
+        return loss
 
     def state() -> int:
         ts = list(model.parameters()) + [p.grad for p in model.parameters()]
