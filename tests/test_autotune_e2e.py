@@ -32,7 +32,8 @@ CONFIG = {
 # The toy at hidden 16, 2 blocks: 4,528 fp32 parameters on 2 ranks hold 49,416 bytes of model
 # state (params 18,112 + gradient shard 9,056 + Adam shard 18,116 + one 1,024-element staging
 # buffer 4,096, the largest parameter being fc1's 16x64). overlap_comm adds a second staging
-# buffer (+4,096 bytes), so a cap between the two OOMs exactly the overlap_comm=True trials.
+# buffer (+4,096 bytes) whatever reduce_bucket_size won round one, so a cap between the two OOMs
+# exactly the overlap_comm=True trial.
 MEMORY_CAP = 51_000
 
 

@@ -102,3 +102,22 @@ def test_stage2_staging_buffers_match_the_buffer_model(per_rank: list[list[dict]
         assert got > 0 and abs(got - want) <= WORLD * 4, f"{r['case']}: engine {got} vs estimate {want}"
         compared += 1
     assert compared == 2  # fp32 and bf16
+
+
+@pytest.mark.timeout(60)
+def test_overlap_comm_double_buffers_even_when_a_parameter_outgrows_the_bucket() -> None:
+    """A 64x64 weight (4096 elements) over reduce_bucket_size 1000 makes a bucket larger than the
+    staging budget; overlap_comm must still hold two staging buffers, as the estimate counts."""
+    import zerorun
+
+    measured = {}
+    for overlap in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 64, bias=False))
+        config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                  "zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "overlap_comm": overlap}}
+        engine, _, _, _ = zerorun.initialize(model=model, model_parameters=model.parameters(), config=config)
+        engine.backward(engine(torch.randn(2, 64)).pow(2).mean())
+        engine.step()
+        measured[overlap] = engine.memory_breakdown()["buffers"]
+    assert measured == {False: 4096 * 4, True: 2 * 4096 * 4}

@@ -287,7 +287,9 @@ class PartitionedGradSync(GradSyncBase):
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)
         two = 2 if policy.overlap_comm else 1
-        bound = two if policy.staging_numel is None else policy.staging_numel // size
+        # overlap_comm always double-buffers, even when one parameter makes a bucket larger than
+        # reduce_bucket_size (the estimator counts two buckets; memory must not hang on bucket sizes)
+        bound = two if policy.staging_numel is None else max(two, policy.staging_numel // size)
         self.limit = max(1, min(bound, MAX_STAGING_BUFFERS))
         self.free: list[torch.Tensor] = [self._new() for _ in range(min(two, self.limit))]
         self.allocated = len(self.free)
