@@ -30,7 +30,8 @@ one is refused, since the copy back would have to wait anyway.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,30 @@ import torch.distributed as dist
 from zerorun.engine.bootstrap import choose_device_type, group_backends, native_scatter
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+# torch's backward stashes a contextvars.Context in thread-local state under this key, and
+# every collective issued meanwhile (from a gradient hook) copies that state into its work.
+_BACKWARD_TLS_KEY = "context"
+
+
+@contextmanager
+def _outside_backward_tls() -> Iterator[None]:
+    """Issue a collective without the Python object backward keeps in thread-local state.
+
+    A gloo work that holds it needs the GIL to be freed, and gloo's worker thread frees a
+    finished work itself: when that happens while the interpreter is finalizing, the
+    rank aborts ("terminate called without an active exception", ~1 run in 20 of a
+    2-rank job that exits right after its last backward).
+    """
+    if not (hasattr(torch._C, "_is_key_in_tls") and torch._C._is_key_in_tls(_BACKWARD_TLS_KEY)):
+        yield
+        return
+    saved = torch._C._get_obj_in_tls(_BACKWARD_TLS_KEY)
+    torch._C._remove_obj_from_tls(_BACKWARD_TLS_KEY)
+    try:
+        yield
+    finally:
+        torch._C._stash_obj_in_tls(_BACKWARD_TLS_KEY, saved)
 
 
 @dataclass
@@ -157,7 +182,8 @@ class Collectives:
              fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
         if tensor.device.type == self.device.type:
-            work = fn(tensor)
+            with _outside_backward_tls():
+                work = fn(tensor)
             return Pending(work if async_op else None)
         if async_op:
             raise AssertionError(f"an asynchronous collective got a {tensor.device} tensor, "
@@ -223,7 +249,8 @@ class Collectives:
     def _exchange(self, ops: list[dist.P2POp], finish: Callable[[], None] | None, async_op: bool) -> Pending:
         """Start the point-to-point ``ops`` (every rank issues its collectives in the same order, so
         sends and receives pair up); ``finish`` runs when they are complete."""
-        exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
+        with _outside_backward_tls():
+            exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
         if async_op:
             return Pending(exchange)  # type: ignore[arg-type]
         exchange.wait()
