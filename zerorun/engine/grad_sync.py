@@ -103,10 +103,12 @@ class _Tracker:
         self.sizes = [len(b.params) for b in buckets]
         self.ready = [0] * len(buckets)
         self.launched = [False] * len(buckets)
+        self.next = 0
 
     def reset(self) -> None:
         self.ready = [0] * len(self.sizes)
         self.launched = [False] * len(self.sizes)
+        self.next = 0  # in-order launching: the first bucket not launched yet
 
     def mark(self, index: int) -> bool:
         """Record one ready parameter; True when the bucket just became complete."""
@@ -141,7 +143,22 @@ class GradSyncBase:
             Variable._execution_engine.queue_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
         if self.tracker.mark(bucket_index) and self._reduces_now():
+            self._launch_complete(bucket_index)
+
+    # Stages 0-2 launch buckets in bucket order (the layout's, which is backward's usual order), as
+    # DDP does: every rank then issues the same collectives in the same order even when its gradients
+    # arrive in another (routing that differs by rank, as in MoE); a complete bucket waits for the
+    # earlier ones. Stage 3 launches on completion: its gathers already need every rank on one path.
+    in_order = True
+
+    def _launch_complete(self, bucket_index: int) -> None:
+        t = self.tracker
+        if not self.in_order:
             self._launch(bucket_index)
+            return
+        while t.next < len(t.sizes) and t.ready[t.next] == t.sizes[t.next]:
+            self._launch(t.next)
+            t.next += 1
 
     def finish_backward(self) -> None:
         self.armed = False

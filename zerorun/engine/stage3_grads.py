@@ -30,6 +30,8 @@ COALESCE_LIMIT = 1 << 20
 class Stage3GradSync(PartitionedGradSync):
     """Reduce-scatter per bucket (small ones coalesced); a bucket whose gradients are all in is released."""
 
+    in_order = False  # a bucket is reduced (and its unit released) as soon as its gradients are in
+
     def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
                  coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT) -> None:
         super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
