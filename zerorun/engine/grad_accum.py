@@ -6,7 +6,8 @@ pass lands on a micro-step that was already reduced (a GAN's discriminator: real
 fake): the first reduction's chunk is folded in before the buffer is reused, so only that
 case allocates (``eager=False``).
 
-The first addition since :meth:`zero` overwrites (no memset on the common path), later ones add.
+The first addition since :meth:`zero` overwrites (no memset on the common path), later ones add;
+an accumulator read with nothing added is zeroed then.
 """
 
 from __future__ import annotations
@@ -45,13 +46,12 @@ class ShardAccumulator:
     def get(self, index: int) -> torch.Tensor:
         acc = self.acc[index]
         assert acc is not None
+        if self.fresh[index]:  # nothing added since zero() (a step without backward): the sum is zero
+            acc.zero_()
         return acc
 
     def zero(self) -> None:
-        for a in self.acc:
-            if a is not None:
-                a.zero_()  # stage 2 steps its accumulators even when no reduction ran (a zero gradient)
-        self.fresh = [True] * len(self.buckets)
+        self.fresh = [True] * len(self.buckets)  # the next add overwrites: no memset per step
 
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() for a in self.acc if a is not None)
