@@ -3,6 +3,7 @@
     python bench/compare.py                      # zerorun z0/z1/z2, DDP, ZeRO-optim, FSDP2 (+ DeepSpeed if importable)
     python bench/compare.py --systems torch-ddp,zerorun-z2 --steps 30
     python bench/compare.py --ds-python /path/to/venv/bin/python   # DeepSpeed from another environment
+    python bench/compare.py --ds-python /path/to/venv/bin/python --together   # ... in the same job as the rest
 
 By default the systems run *interleaved*: one torchrun job builds every torch/zerorun
 system and runs step s of each before step s+1 of any (DeepSpeed, from its own
@@ -23,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PREFIX = "BENCH_RESULT "
-ZERORUN = ["zerorun-z0", "zerorun-z1", "zerorun-z2", "zerorun-z3"]
+ZERORUN = ["zerorun-z0", "zerorun-z1", "zerorun-z2", "zerorun-z3", "zerorun-z3-reshard"]
 TORCH = ["torch-ddp", "torch-zero-optim", "torch-fsdp2"]
 DEEPSPEED = ["ds-z0", "ds-z1", "ds-z2", "ds-z3"]
 
@@ -48,6 +49,8 @@ def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warm
     cmd += ["--overlap", args.overlap] if args.overlap is not None else []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DS_ACCELERATOR": "cpu",
            "PYTHONWARNINGS": "ignore"}
+    if args.together:  # DeepSpeed's environment runs zerorun too: from this checkout
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     recs = [json.loads(line[len(PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     if not recs:
@@ -89,6 +92,9 @@ def main() -> None:
     p.add_argument("--ds-python", default=None, help="python of an environment with deepspeed")
     p.add_argument("--out", default=None, help="append the JSON records to this file")
     p.add_argument("--sequential", action="store_true", help="run each system alone (no interleaving)")
+    p.add_argument("--together", action="store_true",
+                   help="with --ds-python: run every system in one interleaved job in that environment "
+                        "(zerorun from this checkout), so DeepSpeed's ratios share DDP's time window")
     p.add_argument("--rss-steps", type=int, default=4, help="steps of the run alone that measures peak RSS")
     args = p.parse_args()
     ds_py = deepspeed_python(args.ds_python)
@@ -98,6 +104,8 @@ def main() -> None:
         systems = [x for x in systems if not x.startswith("ds-")]
     groups = [[x for x in systems if not x.startswith("ds-")], [x for x in systems if x.startswith("ds-")]]
     pythons = [sys.executable, ds_py]
+    if args.together and ds_py:  # one interleaved job for every system, DeepSpeed's included
+        groups, pythons = [systems], [ds_py]
     rows: list[dict] = []
     for group, python in zip(groups, pythons, strict=True):
         if not group:

@@ -2,7 +2,9 @@
 
     torchrun --standalone --nproc_per_node 2 bench/run_system.py --system zerorun-z2
 
-Systems: zerorun-z0/z1/z2/z3, torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
+Systems: zerorun-z0/z1/z2/z3 (every knob but the stage at its default), zerorun-z3-reshard
+(stage 3 freeing each unit after its forward and re-gathering it for backward, as FSDP2's
+default ``reshard_after_forward=True`` does), torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
 torch-fsdp2 (fully_shard per block, the head, then the root), ds-z0/z1/z2/z3 (DeepSpeed with
 the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERATOR=cpu on CPU).
 """
@@ -42,7 +44,7 @@ def _engine_step(engine: Any, batches: Batch) -> torch.Tensor:
 def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Callable[[], list[torch.Tensor]], Any]:
     import zerorun
 
-    zero: dict[str, Any] = {"stage": int(args.system[-1])}  # every other knob at its default ...
+    zero: dict[str, Any] = {"stage": int(args.system[len("zerorun-z")])}  # every other knob at its default ...
     if args.bucket is not None:  # ... unless the command line sets it
         zero["reduce_bucket_size"] = args.bucket
     if args.overlap is not None:
@@ -50,7 +52,7 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
     cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": args.gas,
            "gradient_clipping": 0.0,  # the peers do not clip: keep parity whatever the default is
            "steps_per_print": 10**9, "zero_optimization": zero}
-    if args.system == "zerorun-z3":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
+    if args.system == "zerorun-z3-reshard":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
         cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=args.prefetch,
                                         stage3_max_live_parameters=4 * args.prefetch)
     engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(model.parameters()), config=cfg)
@@ -207,7 +209,7 @@ def main() -> None:
     p.add_argument("--overlap", choices=["true", "false"], default=None,
                    help="zerorun overlap_comm (default: the config default for the stage)")
     p.add_argument("--prefetch", type=int, default=2_200_000,
-                   help="zerorun-z3 stage3_prefetch_bucket_size (elements; ~2 units of the default model)")
+                   help="zerorun-z3-reshard stage3_prefetch_bucket_size (elements; ~2 units of the default model)")
     args = p.parse_args()
     names = args.system.split(",")
     if any(n.startswith("ds-") for n in names):
