@@ -100,21 +100,23 @@ def setup_torch(args, model, world: int):
     steps = {"n": 0, "bytes": 0}
     fsdp = args.system == "torch-fsdp2"
 
-    def backward(loss: torch.Tensor, sync: bool) -> None:
-        """Accumulation as the torch docs do it: no gradient sync before the last micro-batch."""
+    def micro_step(x: torch.Tensor, y: torch.Tensor, sync: bool) -> torch.Tensor:
+        """Accumulation as the torch docs do it: no gradient sync before the last micro-batch. DDP's
+        ``no_sync`` must cover the forward too: the forward is where DDP arms its reducer."""
         if fsdp:
             model.set_requires_gradient_sync(sync)
         context = contextlib.nullcontext() if sync or fsdp else wrapped.no_sync()
         with context:
+            loss = C.loss_fn(wrapped(x), y)
             (loss if args.gas == 1 else loss / args.gas).backward()
+        return loss
 
     def step(batches: Batch) -> torch.Tensor:
         before = comm_count.TOTAL["bytes"]
         opt.zero_grad(set_to_none=fsdp)
         losses = []
         for k, (x, y) in enumerate(batches):
-            loss = C.loss_fn(wrapped(x), y)
-            backward(loss, sync=k == len(batches) - 1)
+            loss = micro_step(x, y, sync=k == len(batches) - 1)
             losses.append(loss.detach())
         opt.step()
         steps["n"] += 1
