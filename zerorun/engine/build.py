@@ -69,7 +69,8 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
             coll.broadcast(b.data, src=0)
     offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
     masters = wrap_masters(MasterShards(buckets, sharded=stage.shard_optimizer,
-                                        alias=precision.master_is_alias and not offloaded), offload, optimizer)
+                                        alias=precision.master_is_alias and not offloaded,
+                                        overlap_gather=coll.device.type == "cuda"), offload, optimizer)
     for b in buckets:
         b.cast_(precision.compute_dtype)
     masters.rebind()

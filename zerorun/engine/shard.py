@@ -21,11 +21,16 @@ from zerorun.engine.collectives import Collectives
 
 
 class MasterShards:
-    def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool) -> None:
-        """Create masters from the buckets' current (fp32) data; call before casting the buckets."""
+    def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool, overlap_gather: bool = False) -> None:
+        """Create masters from the buckets' current (fp32) data; call before casting the buckets.
+
+        ``overlap_gather``: all-gather each bucket while the next one steps (the engine sets it
+        on CUDA, see :meth:`step`).
+        """
         self.buckets = buckets
         self.sharded = sharded
         self.alias = alias
+        self.overlap_gather = overlap_gather
         self.masters: list[nn.Parameter] = []
         for b in buckets:
             owned = self.owned(b, b.data)
@@ -55,13 +60,14 @@ class MasterShards:
         """One optimizer step, then (when sharded) the all-gathers that hand every rank the update.
 
         ``owned_grads`` are the reduced gradients of the owned chunks; ``multiplier`` unscales
-        and clips. On CUDA each bucket's all-gather runs (on NCCL's stream) while the next
-        bucket steps. On the CPU the all-gather's copies run on gloo's threads, on the cores the
+        and clips. With ``overlap_gather`` (the engine sets it on CUDA) each bucket's all-gather
+        runs (on NCCL's stream) while the next bucket steps. On the CPU the all-gather's copies
+        run on gloo's threads, on the cores the
         step runs on, and the step is memory-bound: overlapped, both slowed down (measured on 2
         gloo ranks, the 25.5M-parameter benchmark: stage 1 at 0.99x DDP's step time
         overlapped, 0.91x stepped whole and then gathered).
         """
-        if coll.device.type != "cuda":
+        if not (self.overlap_gather and self.sharded):
             self.set_grads(owned_grads, multiplier)
             optimizer.step()
             self.clear_grads()
@@ -75,8 +81,7 @@ class MasterShards:
             if not self.alias:
                 with torch.no_grad():
                     self.owned(b, b.data).copy_(m)
-            if self.sharded:
-                pending.append(coll.all_gather(b.data, async_op=True))
+            pending.append(coll.all_gather(b.data, async_op=True))
         for p in pending:
             p.wait()
 
