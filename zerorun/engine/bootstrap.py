@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -137,9 +138,19 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     return _context(local_rank)
 
 
+# gloo's worker thread frees each finished work itself, and freeing a work whose tensors Python
+# created takes the GIL, which a finalizing interpreter never grants: the thread exits through a
+# noexcept destructor and the rank aborts ("terminate called without an active exception"). A
+# blocking collective returns when its work completes, before the worker frees it; on a busy
+# machine the woken main thread can reach the end of the script first (1 run in 24 of a
+# stage-3 checkpointing script). Exit waits this long, with the GIL released, for them.
+EXIT_GRACE_S = 0.1
+
+
 def _destroy_at_exit() -> None:
     # The group this module created is shut down before the interpreter tears down: left to
     # interpreter teardown, gloo's threads can meet a peer that already exited and abort
-    # the rank ("terminate called without an active exception", seen ~1 run in 6 at stage 3).
+    # the rank (seen ~1 run in 6 at stage 3).
     if dist.is_initialized():
         dist.destroy_process_group()
+        time.sleep(EXIT_GRACE_S)
