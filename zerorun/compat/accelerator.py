@@ -19,6 +19,11 @@ import torch
 from zerorun.compat.unsupported import unsupported
 
 
+def _typed_tensor(dtype: torch.dtype) -> property:
+    """``accelerator.<Name>Tensor``: ``torch.tensor`` of ``dtype`` on the accelerator's device."""
+    return property(lambda self: functools.partial(torch.tensor, dtype=dtype, device=self.device_name()))
+
+
 class Accelerator:
     """What both accelerators share; subclasses fill in the device-specific part."""
 
@@ -100,29 +105,13 @@ class Accelerator:
             out.append(torch.bfloat16)
         return out
 
-    @property
-    def BFloat16Tensor(self) -> Any:  # noqa: N802 - DeepSpeed's names
-        return functools.partial(torch.tensor, dtype=torch.bfloat16, device=self.device_name())
-
-    @property
-    def HalfTensor(self) -> Any:  # noqa: N802
-        return functools.partial(torch.tensor, dtype=torch.half, device=self.device_name())
-
-    @property
-    def FloatTensor(self) -> Any:  # noqa: N802
-        return functools.partial(torch.tensor, dtype=torch.float, device=self.device_name())
-
-    @property
-    def LongTensor(self) -> Any:  # noqa: N802
-        return functools.partial(torch.tensor, dtype=torch.long, device=self.device_name())
-
-    @property
-    def IntTensor(self) -> Any:  # noqa: N802
-        return functools.partial(torch.tensor, dtype=torch.int, device=self.device_name())
-
-    @property
-    def ByteTensor(self) -> Any:  # noqa: N802
-        return functools.partial(torch.tensor, dtype=torch.uint8, device=self.device_name())
+    # DeepSpeed's typed-tensor constructors (``get_accelerator().FloatTensor([1.0])``), on this device
+    BFloat16Tensor = _typed_tensor(torch.bfloat16)
+    HalfTensor = _typed_tensor(torch.half)
+    FloatTensor = _typed_tensor(torch.float)
+    LongTensor = _typed_tensor(torch.long)
+    IntTensor = _typed_tensor(torch.int)
+    ByteTensor = _typed_tensor(torch.uint8)
 
     # ---- tensors ---------------------------------------------------------------------------
     def on_accelerator(self, tensor: torch.Tensor) -> bool:

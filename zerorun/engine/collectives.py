@@ -45,6 +45,7 @@ KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
 # torch's backward stashes a contextvars.Context in thread-local state under this key, and
 # every collective issued meanwhile (from a gradient hook) copies that state into its work.
 _BACKWARD_TLS_KEY = "context"
+_HAS_TLS_OBJECTS = hasattr(torch._C, "_is_key_in_tls")  # older torch keeps no such object
 
 
 @contextmanager
@@ -56,7 +57,7 @@ def _outside_backward_tls() -> Iterator[None]:
     rank aborts ("terminate called without an active exception", ~1 run in 20 of a
     2-rank job that exits right after its last backward).
     """
-    if not (hasattr(torch._C, "_is_key_in_tls") and torch._C._is_key_in_tls(_BACKWARD_TLS_KEY)):
+    if not (_HAS_TLS_OBJECTS and torch._C._is_key_in_tls(_BACKWARD_TLS_KEY)):
         yield
         return
     saved = torch._C._get_obj_in_tls(_BACKWARD_TLS_KEY)

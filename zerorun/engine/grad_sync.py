@@ -102,9 +102,7 @@ class _Tracker:
 
     def __init__(self, buckets: list[FlatBucket]) -> None:
         self.sizes = [len(b.params) for b in buckets]
-        self.ready = [0] * len(buckets)
-        self.launched = [False] * len(buckets)
-        self.next = 0
+        self.reset()
 
     def reset(self) -> None:
         self.ready = [0] * len(self.sizes)
@@ -289,7 +287,7 @@ class BucketGradSync(GradSyncBase):
     def zero(self) -> None:
         # no memset: with .grad None autograd hands the next gradient over whole, and _absorb copies
         # it into the buffer (a copy instead of a memset plus an add: measured 2-3% of a step);
-        # a parameter that gets none is zeroed by _sweep_cleared
+        # a parameter that gets none has its slot zeroed when its bucket is reduced (_sweep)
         for b in self.buckets:
             for p in b.params:
                 p.grad = None

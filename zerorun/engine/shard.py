@@ -62,10 +62,9 @@ class MasterShards:
         ``owned_grads`` are the reduced gradients of the owned chunks; ``multiplier`` unscales
         and clips. With ``overlap_gather`` (the engine sets it on CUDA) each bucket's all-gather
         runs (on NCCL's stream) while the next bucket steps. On the CPU the all-gather's copies
-        run on gloo's threads, on the cores the
-        step runs on, and the step is memory-bound: overlapped, both slowed down (measured on 2
-        gloo ranks, the 25.5M-parameter benchmark: stage 1 at 0.99x DDP's step time
-        overlapped, 0.91x stepped whole and then gathered).
+        run on gloo's threads, on the cores the step runs on, and the step is memory-bound:
+        overlapped, both slowed down (measured on 2 gloo ranks, the 25.5M-parameter benchmark:
+        stage 1 at 0.99x DDP's step time overlapped, 0.91x stepped whole and then gathered).
         """
         if not (self.overlap_gather and self.sharded):
             self.set_grads(owned_grads, multiplier)

@@ -55,14 +55,7 @@ class PartitionedMasters(MasterShards):
     def owned(self, bucket: Any, flat: torch.Tensor) -> torch.Tensor:
         return bucket.master if bucket.master is not None else bucket.local
 
-    def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
-             coll: Collectives) -> None:
-        """One optimizer step over every shard; no all-gather follows (the next forward gathers)."""
-        self.set_grads(owned_grads, multiplier)
-        optimizer.step()
-        self.clear_grads()
-        self.publish(coll)
-
+    # step() is MasterShards' whole step; no all-gather follows it here (the next forward gathers)
     def publish(self, coll: Collectives) -> None:
         """Write the stepped masters into the shards; gathered buckets re-gather or are released."""
         if not self.alias:
