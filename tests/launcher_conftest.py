@@ -100,6 +100,20 @@ def wait_for_files(paths: list[Path], timeout: float) -> None:
         time.sleep(0.05)
 
 
+def wait_for_rank_pids(pid_dir: Path, ranks: int, timeout: float,
+                       proc: subprocess.Popen[str] | None = None) -> list[int]:
+    """The pids the ranks of ``hang_or_fail.py --pid_dir`` wrote; ``proc`` (the launch) is killed if
+    they did not all start within ``timeout``."""
+    files = [pid_dir / f"rank{r}.pid" for r in range(ranks)]
+    try:
+        wait_for_files(files, timeout=timeout)
+    except AssertionError:
+        if proc is not None:
+            proc.kill()
+        raise
+    return [int(f.read_text()) for f in files]
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as gone)."""
     try:

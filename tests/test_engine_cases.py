@@ -120,6 +120,18 @@ def rank_rows(step_micro: int, rank: int, world: int) -> slice:
     return slice(start, start + MICRO_BATCH)
 
 
+def master_step(params: list[torch.Tensor], compute: nn.Module, opt: torch.optim.Optimizer, clip: float = 0.0) -> None:
+    """One reference step over fp32 masters: the compute copy's gradients (zero where none), clip, step, copy back."""
+    for p, c in zip(params, compute.parameters(), strict=True):
+        p.grad = torch.zeros_like(p) if c.grad is None else c.grad.float()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    with torch.no_grad():
+        for p, c in zip(params, compute.parameters(), strict=True):
+            c.copy_(p)
+
+
 def reference(case: Case, world: int) -> tuple[list[float], list[torch.Tensor]]:
     """Single-process training on the same global batch: fp32 master weights, compute in ``case.dtype``."""
     master = make_model()
@@ -135,14 +147,7 @@ def reference(case: Case, world: int) -> tuple[list[float], list[torch.Tensor]]:
         compute.zero_grad(set_to_none=True)
         loss.backward()
         losses.append(float(loss.detach()))
-        for p, c in zip(params, compute.parameters(), strict=True):
-            p.grad = torch.zeros_like(p) if c.grad is None else c.grad.float()
-        if case.clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, case.clip)
-        opt.step()
-        with torch.no_grad():
-            for p, c in zip(params, compute.parameters(), strict=True):
-                c.copy_(p)
+        master_step(params, compute, opt, case.clip)
     return losses, [p.detach().clone() for p in master.parameters()]
 
 

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from examples.train_gpt import TinyGPT
-from tests.test_engine_cases import IN, OUT, Tiny, rank_rows
+from tests.test_engine_cases import IN, OUT, Tiny, master_step, rank_rows
 
 MICRO_BATCH = 4
 STEPS = 3
@@ -178,12 +178,7 @@ def reference(case: Case, world: int) -> tuple[list[float], list[torch.Tensor]]:
         compute.zero_grad(set_to_none=True)
         loss.backward()
         losses.append(float(loss.detach()))
-        for p, c in zip(params, compute.parameters(), strict=True):
-            p.grad = torch.zeros_like(p) if c.grad is None else c.grad.float()
-        opt.step()
-        with torch.no_grad():
-            for p, c in zip(params, compute.parameters(), strict=True):
-                c.copy_(p)
+        master_step(params, compute, opt)
     return losses, [p.detach().clone() for p in master.parameters()]
 
 

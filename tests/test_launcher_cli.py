@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
+from launcher_conftest import SCRIPTS, wait_for_rank_pids, wait_gone, zerorun_argv
 
 from launcher.args import parse_args, parse_rank_list
 from launcher.errors import LaunchError
@@ -135,13 +135,7 @@ def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], 
                      str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch", *extra),
         cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    files = [pids / f"rank{r}.pid" for r in range(2)]
-    try:
-        wait_for_files(files, timeout=60)
-    except AssertionError:
-        proc.kill()
-        raise
-    return proc, [int(f.read_text()) for f in files]
+    return proc, wait_for_rank_pids(pids, 2, timeout=60, proc=proc)
 
 
 def test_launcher_killed_agents_take_their_ranks_down(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_files, wait_gone, zerorun_argv  # noqa: F401
+from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_rank_pids, wait_gone, zerorun_argv  # noqa: F401
 
 TRICKY = ["a b", "it's", "$HOME", "100%h", 'q"q']
 
@@ -72,13 +72,7 @@ def _start_hanging(server: SshServer, tmp_path: Path) -> tuple[subprocess.Popen[
     argv = _launch_args(server, tmp_path, "ssh", "--no_ssh_check", "--kill_timeout", "3",
                         str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch")
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    files = [pids / f"rank{r}.pid" for r in range(4)]
-    try:
-        wait_for_files(files, timeout=90)
-    except AssertionError:
-        proc.kill()
-        raise
-    return proc, [int(f.read_text()) for f in files]
+    return proc, wait_for_rank_pids(pids, 4, timeout=90, proc=proc)
 
 
 def test_launcher_killed_remote_agents_stop_their_ranks(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811

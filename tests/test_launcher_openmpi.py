@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_files, wait_gone, zerorun_argv  # noqa: F401
+from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_rank_pids, wait_gone, zerorun_argv  # noqa: F401
 from launcher_slurm import skip_loudly
 
 NODES = ("127.0.0.2", "127.0.0.3")
@@ -78,13 +78,7 @@ def _start_hanging(server: SshServer, env: dict[str, str], tmp_path: Path) -> tu
     pids.mkdir()
     argv = _argv(server, tmp_path, str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch")
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    files = [pids / f"rank{r}.pid" for r in range(4)]
-    try:
-        wait_for_files(files, timeout=60)
-    except AssertionError:
-        proc.kill()
-        raise
-    return proc, [int(f.read_text()) for f in files]
+    return proc, wait_for_rank_pids(pids, 4, timeout=60, proc=proc)
 
 
 def test_ctrl_c_stops_every_rank(sshd: SshServer, mpi_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811

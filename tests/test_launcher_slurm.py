@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, wait_for_files, wait_gone, zerorun_argv
+from launcher_conftest import SCRIPTS, wait_for_rank_pids, wait_gone, zerorun_argv
 from launcher_slurm import SlurmCluster, slurm  # noqa: F401
 
 
@@ -74,14 +74,7 @@ def _start_hanging(cluster: SlurmCluster, tmp_path: Path, batch: bool) -> tuple[
         name = f"zr-{uuid.uuid4().hex[:8]}"
         proc = subprocess.Popen(_salloc(name) + job, cwd=tmp_path, env=cluster.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-    files = [pids / f"rank{r}.pid" for r in range(2)]
-    try:
-        wait_for_files(files, timeout=30)
-    except AssertionError:
-        if proc is not None:
-            proc.kill()
-        raise
-    return proc, name, [int(f.read_text()) for f in files]
+    return proc, name, wait_for_rank_pids(pids, 2, timeout=30, proc=proc)
 
 
 def test_scancel_of_an_sbatch_job_leaves_no_rank(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
