@@ -1,0 +1,170 @@
+"""The shared-memory lane of same-host gloo ranks, against gloo itself and against plain sums.
+
+Each case runs the same sequence of collectives through an engine ``Collectives`` with the
+lane open and through one without (gloo's all-reduce, the point-to-point exchanges), on
+worlds 2, 3 and 4: more collectives in flight than the lane has slots, blocking ones in
+between, ranks that wait at different times, a tensor larger than a slot (it takes gloo),
+fp32 and bf16. Results must equal the exact sums computed from every rank's inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist_harness import RankFailure, run_distributed
+from zerorun.engine import shared_memory
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.shared_memory import SLOTS
+
+SLOT_BYTES = 4 * 96  # 96 fp32 elements per slot: the 120-element case below exceeds it
+
+
+def _inputs(rank: int, n: int, dtype: torch.dtype, k: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * k + rank)
+    return torch.randn(n, generator=g).to(dtype)
+
+
+def _expected_sum(world: int, n: int, dtype: torch.dtype, k: int) -> torch.Tensor:
+    total = torch.zeros(n, dtype=torch.float64)
+    for r in range(world):
+        total += _inputs(r, n, dtype, k).double()
+    return total
+
+
+def _sequence(rank: int, world: int, lane: bool) -> dict[str, object]:
+    coll = Collectives(dist.group.WORLD, world, rank)
+    opened = coll.open_shared_lane(SLOT_BYTES) if lane else False
+    results: list[torch.Tensor] = []
+    pending = []
+    cases = [(96, torch.float32), (48, torch.bfloat16), (120, torch.float32), (24, torch.float32)] * 3
+    for k, (n, dtype) in enumerate(cases):
+        n = n // world * world
+        x = _inputs(rank, n, dtype, k)
+        kind = ("reduce_scatter", "all_gather", "all_reduce")[k % 3]
+        if kind == "all_gather":  # every chunk from its owner: fill the others with junk first
+            size = n // world
+            own = x.narrow(0, rank * size, size).clone()
+            x.fill_(-7)
+            x.narrow(0, rank * size, size).copy_(own)
+        pending.append(getattr(coll, kind)(x, async_op=True))
+        results.append(x)
+        if k % 5 == 4:  # a blocking one in between, while others are in flight
+            y = torch.full((8,), float(rank + 1))
+            coll.all_reduce(y)
+            results.append(y)
+        if rank == 0 and k % 2 == 0:  # ranks complete at different times
+            pending[-1].wait()
+    if rank == world - 1:
+        time.sleep(0.2)  # the last rank waits late: the others must not need it to finish
+    for p in reversed(pending):  # out of order: waiting completes every earlier one first
+        p.wait()
+    return {"opened": opened, "via": coll.counter.snapshot()["reduce_scatter"].get("via", ""),
+            "results": [r.float() for r in results]}
+
+
+def _both(rank: int, world: int) -> dict[str, dict[str, object]]:
+    return {"lane": _sequence(rank, world, True), "gloo": _sequence(rank, world, False)}
+
+
+def _check(world: int, out: dict[str, object], rank: int) -> None:
+    results = list(out["results"])  # type: ignore[call-overload]
+    cases = [(96, torch.float32), (48, torch.bfloat16), (120, torch.float32), (24, torch.float32)] * 3
+    for k, (n, dtype) in enumerate(cases):
+        n = n // world * world
+        got = results.pop(0)
+        kind = ("reduce_scatter", "all_gather", "all_reduce")[k % 3]
+        size = n // world
+        if kind == "reduce_scatter":  # only the rank's own chunk is defined
+            want = _expected_sum(world, n, dtype, k).narrow(0, rank * size, size)
+            got = got.narrow(0, rank * size, size)
+        elif kind == "all_gather":
+            want = torch.cat([_inputs(r, n, dtype, k).narrow(0, r * size, size).double() for r in range(world)])
+        else:
+            want = _expected_sum(world, n, dtype, k)
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.double(), want.to(dtype).double(), rtol=tol, atol=tol)
+        if k % 5 == 4:
+            assert results.pop(0).tolist() == [world * (world + 1) / 2] * 8
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_lane_gives_the_sums_gloo_gives(world: int) -> None:
+    both = run_distributed(_both, world, timeout=150)
+    lane, gloo = [b["lane"] for b in both], [b["gloo"] for b in both]
+    for rank in range(world):
+        assert lane[rank]["opened"] and "shared memory" in lane[rank]["via"]
+        assert not gloo[rank]["opened"] and "point-to-point" in gloo[rank]["via"]
+        _check(world, lane[rank], rank)
+        _check(world, gloo[rank], rank)
+    # an all-reduce through the lane leaves the same bits on every rank (replicas stay equal)
+    for k, got in enumerate(lane[0]["results"]):
+        for rank in range(1, world):
+            if k % 3 == 2:
+                assert torch.equal(got, lane[rank]["results"][k])
+
+
+def _open_with(rank: int, world: int, off_on: int | None, before: list[str]) -> tuple[bool, list[str]]:
+    if rank == off_on:
+        os.environ[shared_memory.ENV_SWITCH] = "0"
+    coll = Collectives(dist.group.WORLD, world, rank)
+    opened = coll.open_shared_lane(SLOT_BYTES)
+    coll.all_true(True)  # every rank is past opening
+    left = sorted(set(os.listdir(shared_memory.SHM_DIR)) - set(before))
+    return opened, [f for f in left if f.startswith("zerorun-lane-")]
+
+
+def _shm_files() -> list[str]:
+    return sorted(os.listdir(shared_memory.SHM_DIR)) if shared_memory.SHM_DIR.is_dir() else []
+
+
+@pytest.mark.timeout(120)
+def test_the_lane_leaves_no_files_and_one_rank_can_turn_it_off_for_all() -> None:
+    before = _shm_files()
+    assert run_distributed(_open_with, 2, None, before, timeout=100) == [(True, [])] * 2
+    assert run_distributed(_open_with, 2, 1, before, timeout=100) == [(False, [])] * 2
+    assert [f for f in _shm_files() if f.startswith("zerorun-lane-")] == []
+
+
+def _die_while_awaited(rank: int, world: int, report: str) -> None:
+    coll = Collectives(dist.group.WORLD, world, rank)
+    assert coll.open_shared_lane(SLOT_BYTES)
+    coll.all_reduce(torch.ones(4))
+    if rank == 1:
+        raise RuntimeError("rank 1 leaves")  # and exits, without posting the next collective
+    start = time.monotonic()
+    try:
+        coll.all_reduce(torch.ones(4))
+        outcome = "no error"
+    except shared_memory.PeerLost as e:
+        outcome = f"{e} after {time.monotonic() - start:.1f} s"
+    with open(report, "w") as f:
+        f.write(outcome)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_waiting_on_a_dead_peer_raises_and_names_it(tmp_path) -> None:
+    """The peer exits and is not reaped yet (a zombie, as under any parent that has not polled)."""
+    report = tmp_path / "rank0.txt"
+    with pytest.raises(RankFailure, match="rank 1 leaves"):
+        run_distributed(_die_while_awaited, 2, str(report), timeout=60)
+    deadline = time.monotonic() + 10
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = report.read_text()
+    assert "rank 1 (pid" in text and "exited while this rank waited for it to post collective 2" in text, text
+    assert float(text.rsplit(" after ", 1)[1].split()[0]) < 5.0
+
+
+def test_the_slot_size_is_capped_and_a_larger_tensor_does_not_fit() -> None:
+    assert shared_memory.slot_bytes_for(10**12) == shared_memory.MAX_SLOT_BYTES
+    assert shared_memory.slot_bytes_for(1000) == 1000
+    lane = shared_memory.SharedLane([torch.zeros(shared_memory.segment_bytes(400), dtype=torch.uint8)] * 2, 0, 400)
+    assert lane.fits(torch.zeros(100)) and not lane.fits(torch.zeros(101))
+    assert not lane.fits(torch.zeros(20, 4).t())  # not contiguous
+    assert len(lane.slots[0]) == SLOTS
