@@ -185,4 +185,5 @@ def train_case(case: Case, rank: int, world: int) -> dict:
         "padded": sum(b.plan.padded_numel for b in engine.parts.buckets),
         "buckets": len(engine.parts.buckets),
         "max_bucket": max(b.plan.padded_numel for b in engine.parts.buckets),
+        "via": engine.comm_stats()["reduce_scatter"].get("via", ""),
     }

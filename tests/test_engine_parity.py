@@ -19,23 +19,34 @@ Tolerances:
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_cases import STEPS, all_cases, reference, train_case
+from zerorun.engine.shared_memory import ENV_SWITCH
 
 CASES = all_cases()
 
 
-def _train_all(rank: int, world: int) -> dict:
+def _train_all(rank: int, world: int, lane: bool) -> dict:
+    if not lane:
+        os.environ[ENV_SWITCH] = "0"
     return {case.name: train_case(case, rank, world) for case in CASES}
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
+# world 2 reduces through the same-host shared-memory lane, world 4 through gloo's
+# point-to-point exchanges (the path of ranks on different hosts)
+@pytest.fixture(scope="module", params=[(2, True), (4, False)], ids=["world2-shared-memory", "world4-gloo"])
 def runs(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
-    world = request.param
-    return world, run_distributed(_train_all, world, timeout=240)
+    world, lane = request.param
+    results = run_distributed(_train_all, world, lane, timeout=240)
+    vias = {r[name]["via"] for r in results for name in r}
+    assert vias == {"shared memory between the ranks of this host" if lane else
+                    "point-to-point chunk exchange (gloo has no native reduce-scatter)"}
+    return world, results
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
