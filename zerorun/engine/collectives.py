@@ -286,13 +286,13 @@ class Collectives:
         token = offers[0][2]
         own: torch.Tensor | None = None
         segments: list[torch.Tensor] = []
-        with suppress(OSError):
+        with suppress(OSError, RuntimeError):  # a full /dev/shm, or torch refusing the mapping
             own = shared_memory.create_segment(token, self.rank, slot_bytes)
         if self.all_true(own is not None):
             try:
                 segments = [own if r == self.rank else shared_memory.open_segment(token, r, slot_bytes)
                             for r in range(self.world_size)]
-            except OSError:
+            except (OSError, RuntimeError):
                 segments = []
         opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
         shared_memory.segment_path(token, self.rank).unlink(missing_ok=True)
