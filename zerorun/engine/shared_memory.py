@@ -123,6 +123,13 @@ def open_segment(token: str, rank: int, slot_bytes: int) -> torch.Tensor:
     return seg
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not yet reaped by its parent, does not)."""
     try:
@@ -154,6 +161,8 @@ class SharedLane:
         self.seq = 0  # the last collective issued
         self.completed = 0  # the last collective completed (in order)
         self.pending: deque[tuple[int, Callable[[], None]]] = deque()
+        # more ranks than cores: a spinning rank would take the core the awaited peer needs
+        self.spins = _SPINS_BEFORE_SLEEP if self.world_size <= _usable_cores() else 0
 
     def fits(self, tensor: torch.Tensor) -> bool:
         return tensor.is_contiguous() and tensor.numel() * tensor.element_size() <= self.slot_bytes
@@ -249,7 +258,7 @@ class SharedLane:
         nap = 1e-5
         while not ready():
             spins += 1
-            if spins < _SPINS_BEFORE_SLEEP:
+            if spins < self.spins:
                 continue
             now = time.monotonic()
             if deadline is None:
