@@ -21,7 +21,7 @@ from zerorun.engine import shared_memory
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.shared_memory import SLOTS
 
-SLOT_BYTES = 4 * 96  # 96 fp32 elements per slot: the 120-element case below exceeds it
+SLOT_NUMEL = 96  # fp32 elements per slot: the 120-element case below exceeds it
 
 
 def _inputs(rank: int, n: int, dtype: torch.dtype, k: int) -> torch.Tensor:
@@ -38,7 +38,7 @@ def _expected_sum(world: int, n: int, dtype: torch.dtype, k: int) -> torch.Tenso
 
 def _sequence(rank: int, world: int, lane: bool) -> dict[str, object]:
     coll = Collectives(dist.group.WORLD, world, rank)
-    opened = coll.open_shared_lane(SLOT_BYTES) if lane else False
+    opened = coll.open_shared_lane(SLOT_NUMEL) if lane else False
     results: list[torch.Tensor] = []
     pending = []
     cases = [(96, torch.float32), (48, torch.bfloat16), (120, torch.float32), (24, torch.float32)] * 3
@@ -113,7 +113,7 @@ def _open_with(rank: int, world: int, off_on: int | None, before: list[str]) -> 
     if rank == off_on:
         os.environ[shared_memory.ENV_SWITCH] = "0"
     coll = Collectives(dist.group.WORLD, world, rank)
-    opened = coll.open_shared_lane(SLOT_BYTES)
+    opened = coll.open_shared_lane(SLOT_NUMEL)
     coll.all_true(True)  # every rank is past opening
     left = sorted(set(os.listdir(shared_memory.SHM_DIR)) - set(before))
     return opened, [f for f in left if f.startswith("zerorun-lane-")]
@@ -133,7 +133,7 @@ def test_the_lane_leaves_no_files_and_one_rank_can_turn_it_off_for_all() -> None
 
 def _die_while_awaited(rank: int, world: int, report: str) -> None:
     coll = Collectives(dist.group.WORLD, world, rank)
-    assert coll.open_shared_lane(SLOT_BYTES)
+    assert coll.open_shared_lane(SLOT_NUMEL)
     coll.all_reduce(torch.ones(4))
     if rank == 1:
         raise RuntimeError("rank 1 leaves")  # and exits, without posting the next collective

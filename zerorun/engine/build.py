@@ -22,7 +22,6 @@ from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import MasterShards
-from zerorun.engine.shared_memory import slot_bytes_for
 from zerorun.engine.stages import StagePolicy
 
 
@@ -65,8 +64,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         for plan in plan_buckets([p.shape for p in params], layout_numel(bucket_size), ctx.world_size, gi):
             buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
             group_of_bucket.append(gi)
-    # same-host gloo ranks reduce and gather through shared memory: a slot holds a bucket in fp32
-    coll.open_shared_lane(slot_bytes_for(4 * max(b.plan.padded_numel for b in buckets)))
+    coll.open_shared_lane(max(b.plan.padded_numel for b in buckets))  # same-host gloo ranks: shared memory
     with torch.no_grad():
         for b in buckets:
             coll.broadcast(b.data, src=0)

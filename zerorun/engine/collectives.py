@@ -238,18 +238,7 @@ class Collectives:
             ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), peer, self.group),
                     dist.P2POp(dist.irecv, buf, peer, self.group)]
         mine = self.shard_of(flat)
-
-        def add_received() -> None:
-            if len(received) == 1 or flat.dtype == torch.float32:
-                for buf in received:
-                    mine.add_(buf)
-                return
-            total = mine.float()  # 16-bit: sum in fp32 and round once (each add_ would round again)
-            for buf in received:
-                total.add_(buf)
-            mine.copy_(total)
-
-        return self._exchange(ops, add_received, async_op)
+        return self._exchange(ops, lambda: shared_memory.add_chunks(mine, received), async_op)
 
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
@@ -269,13 +258,15 @@ class Collectives:
         return self._exchange(ops, None, async_op)
 
     # ---- the same-host shared-memory lane (gloo only) ---------------------------------------------
-    def open_shared_lane(self, slot_bytes: int) -> bool:
-        """Carry this group's reduce-scatters, all-gathers and sum all-reduces of up to ``slot_bytes``
-        through shared memory, when every rank runs on this host (see :mod:`~zerorun.engine.shared_memory`).
+    def open_shared_lane(self, largest_numel: int) -> bool:
+        """Carry this group's reduce-scatters, all-gathers and sum all-reduces through shared memory,
+        when every rank runs on this host (see :mod:`~zerorun.engine.shared_memory`); a slot holds
+        ``largest_numel`` fp32 elements (the largest bucket), up to the lane's cap.
 
-        Every rank must call it, with the same ``slot_bytes``; whether the lane opened is
+        Every rank must call it, with the same ``largest_numel``; whether the lane opened is
         agreed by all (any rank that cannot map the segments makes all use gloo).
         """
+        slot_bytes = shared_memory.slot_bytes_for(4 * largest_numel)
         if self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu":
             return self.lane is not None
         offers: list[Any] = [None] * self.world_size

@@ -37,8 +37,6 @@ Who arms and finishes a pass:
   needs nothing: its all-reduce leaves every rank the whole average, which the next
   reduction averages again unchanged.
 
-Whatever the stage, the step uses the sum over all backward passes since the last step
-of their rank-averaged gradients, as one backward of the summed loss would give.
 * :class:`PartitionedGradSync` (stage 2): no full gradient buffers. Each gradient is
   copied into a bucket-sized staging buffer and freed; a full bucket is reduce-scattered
   on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
@@ -47,6 +45,9 @@ of their rank-averaged gradients, as one backward of the summed loss would give.
   twice with ``overlap_comm``: what DeepSpeed's one or two buckets hold) and at most
   :data:`MAX_STAGING_BUFFERS` buckets; beyond it a hook waits for the oldest reduction
   to free its buffer.
+
+Whatever the stage, the step uses the sum over all backward passes since the last step
+of their rank-averaged gradients, as one backward of the summed loss would give.
 
 Reductions are always issued asynchronously and waited for at the end of the pass (or
 when their staging buffer is needed again): stages 0-1 reduce in the gradient buffers

@@ -83,6 +83,18 @@ def segment_bytes(slot_bytes: int) -> int:
     return HEADER_BYTES + SLOTS * slot_bytes
 
 
+def add_chunks(target: torch.Tensor, chunks: list[torch.Tensor]) -> None:
+    """Add ``chunks`` into ``target`` in order; a 16-bit sum of several is taken in fp32 and rounded once."""
+    if target.dtype == torch.float32 or len(chunks) <= 1:
+        for c in chunks:
+            target.add_(c)
+        return
+    total = target.float()
+    for c in chunks:
+        total.add_(c)
+    target.copy_(total)
+
+
 def slot_bytes_for(largest_bytes: int) -> int:
     """The slot size for collectives of up to ``largest_bytes``: larger ones than the cap use gloo."""
     return max(64, min(largest_bytes, MAX_SLOT_BYTES))
@@ -159,7 +171,6 @@ class SharedLane:
                       for s in segments]
         self.peers = [p for p in range(self.world_size) if p != rank]
         self.seq = 0  # the last collective issued
-        self.completed = 0  # the last collective completed (in order)
         self.pending: deque[tuple[int, Callable[[], None]]] = deque()
         # more ranks than cores: a spinning rank would take the core the awaited peer needs
         self.spins = _SPINS_BEFORE_SLEEP if self.world_size <= _usable_cores() else 0
@@ -176,15 +187,8 @@ class SharedLane:
         mine = flat.narrow(0, self.rank * size, size)
 
         def complete() -> None:
-            chunks = [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * size, size) for p in self.peers]
-            if flat.dtype == torch.float32 or len(chunks) == 1:
-                for c in chunks:
-                    mine.add_(c)
-            else:  # 16-bit: sum in fp32 and round once
-                total = mine.float()
-                for c in chunks:
-                    total.add_(c)
-                mine.copy_(total)
+            add_chunks(mine, [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * size, size)
+                              for p in self.peers])
 
         return self._publish(seq, complete)
 
@@ -208,15 +212,12 @@ class SharedLane:
         def complete() -> None:
             parts = [self._slot_of(p, seq, flat.dtype).narrow(0, 0, n) for p in range(self.world_size)]
             out = flat.reshape(-1)
-            if flat.dtype == torch.float32:
+            if flat.dtype == torch.float32:  # the first add writes the output: no copy of rank 0's part
                 torch.add(parts[0], parts[1], out=out)
-                for c in parts[2:]:
-                    out.add_(c)
+                add_chunks(out, parts[2:])
             else:
-                total = parts[0].float()
-                for c in parts[1:]:
-                    total.add_(c)
-                out.copy_(total)
+                out.copy_(parts[0])
+                add_chunks(out, parts[1:])
 
         return self._publish(seq, complete)
 
@@ -248,7 +249,6 @@ class SharedLane:
                         f"to post collective {s}")
             complete()
             self.pending.popleft()
-            self.completed = s
             self.headers[self.rank][_DONE] = s
 
     def _await(self, ready: Callable[[], bool], what: str) -> None:

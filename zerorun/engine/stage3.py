@@ -39,7 +39,6 @@ from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
 from zerorun.engine.placement import to_device
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import MasterShards
-from zerorun.engine.shared_memory import slot_bytes_for
 from zerorun.engine.stage3_grads import COALESCE_LIMIT, Stage3GradSync
 
 
@@ -166,8 +165,8 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
     threshold = int(zero_cfg.stage3_param_persistence_threshold)
     plan = plan_stage3(module, groups, coll, precision, threshold, ctx.device)
     buckets, units, group_of_bucket = plan.buckets, plan.units, plan.group_of_bucket
-    # same-host gloo ranks gather and reduce through shared memory (a slot holds the largest unit in fp32)
-    coll.open_shared_lane(slot_bytes_for(4 * max((b.plan.padded_numel for b in buckets + plan.frozen), default=1)))
+    # same-host gloo ranks gather and reduce through shared memory (a slot holds the largest unit)
+    coll.open_shared_lane(max((b.plan.padded_numel for b in buckets + plan.frozen), default=1))
     module.to(precision.compute_dtype)  # buffers (already on the device); every parameter is a cast bucket
     policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
                           max_live=int(zero_cfg.stage3_max_live_parameters),
