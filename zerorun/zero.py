@@ -183,5 +183,6 @@ def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module
             with torch.no_grad():
                 for b in buckets.values():
                     b.scatter_from(modifier_rank)
-        for b in to_release:
-            b.release()
+        for b in to_release:  # what autograd may still read stays with the engine's coordinator
+            if b.holder is None or not b.holder(b):
+                b.release()

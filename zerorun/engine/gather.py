@@ -96,6 +96,7 @@ class GatherCoordinator:
         self.frozen_open = [0] * len(buckets)  # unit backwards under way that may read each frozen bucket
         for b in buckets:
             b.toucher = self.touch
+            b.holder = self.hold
         self.live: set[int] = {i for i, b in enumerate(buckets)
                                if not b.persistent and b.state is not ParamState.SHARDED}
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -117,6 +118,12 @@ class GatherCoordinator:
             self.end_pass(record=False)
 
     def pre_forward(self, u: int) -> None:
+        if _in_backward():
+            # an activation-checkpoint recomputation: gather for it, hold nothing. The non-reentrant
+            # variant stops the recomputation by raising inside the unit, so no post-forward would
+            # ever close what this forward opened; the gradients release the buckets instead.
+            self.pre_unit(u)
+            return
         held = list(self.unit_buckets[u])
         for bi in held:
             self.active[bi] += 1
@@ -124,22 +131,42 @@ class GatherCoordinator:
         self.pre_unit(u)
 
     def post_forward(self, u: int, output: object, inputs: object = ()) -> object:
+        if _in_backward():  # a recomputation (see pre_forward): kept for the backward that follows
+            self._close_frozen_after(u, inputs)
+            return output
         held = self.stack.pop()[1] if self.stack and self.stack[-1][0] == u else []
         for bi in held:
             self.active[bi] -= 1
-        if _in_backward():  # activation checkpointing recomputes inside backward: keep for the backward
-            return output
-        if torch.is_grad_enabled():
-            self._hook_outputs(u, output, inputs)
+        if torch.is_grad_enabled() and not self._arm_backward(u, output, inputs, held):
+            return output  # autograd may read these buckets and nothing would gather them first: kept
         for bi in held:
             self._maybe_release(bi)
         return output
+
+    def hold(self, bucket: PartitionedBucket) -> bool:
+        """``GatheredParameters`` exits inside forward/backward: keep ``bucket`` for autograd (else False).
+
+        Inside forward the bucket is filed under the running unit (as a touch is); inside
+        backward it stays gathered until its gradients are in (a trainable bucket) or the pass
+        ends, so a gradient autograd has yet to store always finds its parameter whole.
+        """
+        if not self.stack and not _in_backward():
+            return False
+        self._file(self.index_of[id(bucket)])
+        return True
 
     def touch(self, bucket: PartitionedBucket) -> bool:
         """A guarded parameter of ``bucket`` is used: gather it if inside forward/backward (else False)."""
         if not self.stack and not _in_backward():
             return False  # outside forward/backward: the caller raises ShardedParameterError
         bi = self.index_of[id(bucket)]
+        self._file(bi)
+        self.stats.touches += 1
+        self._gather(bi)
+        return True
+
+    def _file(self, bi: int) -> None:
+        """Inside a unit's forward, bucket ``bi`` becomes that unit's (held now, gathered with it from now on)."""
         if self.stack:
             u, held = self.stack[-1]
             if bi not in held:
@@ -147,13 +174,18 @@ class GatherCoordinator:
                 self.active[bi] += 1
             if bi not in self.unit_buckets[u]:
                 self.unit_buckets[u].append(bi)  # recorded: the unit gathers and prefetches it from now on
-        self.stats.touches += 1
-        self._gather(bi)
-        return True
+        if not self.buckets[bi].persistent and self.buckets[bi].state is not ParamState.SHARDED:
+            self.live.add(bi)
 
-    def _hook_outputs(self, u: int, output: object, inputs: object) -> None:
+    def _arm_backward(self, u: int, output: object, inputs: object, held: list[int]) -> bool:
         """Gather the unit when its outputs' gradient arrives; a unit holding frozen buckets also
-        learns when its backward is over: the gradients of its inputs have been computed."""
+        learns when its backward is over: the gradients of its inputs have been computed.
+
+        True when releasing the unit now is safe: a hook will gather it before autograd reads
+        the views it saved, or autograd recorded nothing of it (no input needs a gradient and
+        every bucket it holds is frozen). Outputs that hide their tensors from the pytree (a
+        custom container) leave neither true: the unit stays gathered until its gradients are in.
+        """
         fired = [False]
         frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen]
         grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
@@ -172,11 +204,32 @@ class GatherCoordinator:
                     if self.frozen_open[bi] == 0 and self.active[bi] == 0:
                         self._release_now(bi)
 
+        hooked = False
         for t in tree_flatten(output)[0]:
             if torch.is_tensor(t) and t.requires_grad:
                 t.register_hook(pre_backward)
+                hooked = True
         if frozen and grad_inputs:
             torch.autograd.graph.register_multi_grad_hook(grad_inputs, backward_done)
+        return hooked or (not grad_inputs and all(self.buckets[bi].frozen for bi in held))
+
+    def _close_frozen_after(self, u: int, inputs: object) -> None:
+        """A recomputed unit's frozen buckets that no outer hook closes (reentrant checkpointing ran the
+        first forward without grad): released once the recomputation's inputs have their gradients."""
+        frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen and self.frozen_open[bi] == 0]
+        grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
+        if not (frozen and grad_inputs and torch.is_grad_enabled()):
+            return
+        for bi in frozen:
+            self.frozen_open[bi] += 1
+
+        def done(_grads: object) -> None:
+            for bi in frozen:
+                self.frozen_open[bi] -= 1
+                if self.frozen_open[bi] == 0 and self.active[bi] == 0:
+                    self._release_now(bi)
+
+        torch.autograd.graph.register_multi_grad_hook(grad_inputs, done)
 
     # ---- gathering ----------------------------------------------------------------------------
     def pre_unit(self, u: int) -> None:

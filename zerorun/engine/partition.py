@@ -2,10 +2,20 @@
 
 A bucket holds the parameters of one module unit. ``local`` (this rank's chunk, in the
 compute dtype) is the only copy held while the bucket is :attr:`ParamState.SHARDED`;
-the parameters then point at an empty placeholder. Gathering allocates the full padded
-buffer, writes ``local`` into this rank's chunk, all-gathers (the same
-:meth:`Collectives.all_gather` as stages 1-2) and re-binds the parameters as views of
-the buffer; releasing drops the buffer and re-points the parameters at the placeholder.
+the parameters then point at an empty placeholder. Gathering gives the bucket's full
+padded buffer its bytes back, writes ``local`` into this rank's chunk, all-gathers (the
+same :meth:`Collectives.all_gather` as stages 1-2) and re-binds the parameters as views
+of the buffer; releasing re-points the parameters at the placeholder and frees the
+buffer's bytes *in place* (its storage is resized to 0, FSDP2's way).
+
+Why in place: autograd saves views of the gathered weights for backward (``F.linear``
+saves ``weight.t()``). Dropping our reference to the buffer would leave those views
+holding every released unit alive until its backward ran (measured: stage 3 held about
+what stage 1 holds). Freeing the one storage they share releases the bytes whoever
+holds a view, and the re-gather before the unit's backward writes the same storage
+again, so each saved view reads valid values when autograd uses it. The rule that makes
+this safe lives in :mod:`zerorun.engine.gather`: a unit is released after forward only
+when a hook will gather it again before its backward.
 With fp32 compute ``local`` is also the fp32 master the optimizer steps (an alias).
 With parameter offload (``offload``, :mod:`zerorun.engine.offload.params`) ``local`` rests
 in host memory or a swap file and is fetched to the compute device for each gather.
@@ -68,11 +78,16 @@ class PartitionedBucket(FlatBucket):
         self.provisional = False  # made by zero.Init; replaced by the engine's buckets at initialize
         self.frozen = False  # parameters the optimizer does not step: no master, no gradient reduction
         self.toucher: Callable[[PartitionedBucket], bool] | None = None
+        # asked to keep the bucket gathered when a ``GatheredParameters`` ends inside forward/backward
+        self.holder: Callable[[PartitionedBucket], bool] | None = None
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
         self.offload: Any = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
+        self._full = _own_storage(self.data)  # the one full buffer; holds bytes only while not sharded
+        self.data = self._full
+        self.bind()
         for p in params:
             setattr(p, BUCKET_ATTR, self)
 
@@ -87,7 +102,13 @@ class PartitionedBucket(FlatBucket):
         self._placeholder = self._placeholder.to(dtype)
         if self.state is ParamState.GATHERED:
             super().cast_(dtype)
-        else:
+            self._full = _own_storage(self.data)
+            self.data = self._full
+            self.bind()
+        elif self._full.dtype != dtype:
+            _free(self._full)
+            self._full = torch.empty(self.plan.padded_numel, dtype=dtype, device=self._placeholder.device)
+            _free(self._full)
             self.data = self._placeholder
 
     def bind(self) -> None:
@@ -106,15 +127,19 @@ class PartitionedBucket(FlatBucket):
         self._move(ParamState.IN_FLIGHT)
         local = self.local if self.offload is None else self.offload.fetch(self)
         assert local is not None
-        self.data = torch.empty(self.plan.padded_numel, dtype=local.dtype, device=self._placeholder.device)
-        self.shard(self.data).copy_(local, non_blocking=True)
-        self._pending = self.coll.all_gather(self.data, async_op=True)
+        full = self._full
+        full.untyped_storage().resize_(full.numel() * full.element_size())
+        self.data = full
+        with _same_version(full):
+            self.shard(full).copy_(local, non_blocking=True)
+            self._pending = self.coll.all_gather(full, async_op=True)
 
     def wait(self) -> None:
         """IN_FLIGHT -> GATHERED: the buffer is complete; the parameters become views of it."""
         self._move(ParamState.GATHERED)
         assert self._pending is not None
-        self._pending.wait()
+        with _same_version(self._full):
+            self._pending.wait()
         self._pending = None
         self.bind()
 
@@ -126,12 +151,16 @@ class PartitionedBucket(FlatBucket):
             self.wait()
 
     def release(self) -> None:
-        """GATHERED -> SHARDED: drop the full buffer; the parameters point at an empty placeholder."""
+        """GATHERED -> SHARDED: the parameters point at an empty placeholder; the full buffer's bytes are freed.
+
+        The bytes go even while autograd holds views of the buffer (see the module doc).
+        """
         self._move(ParamState.SHARDED)
         for p in self.params:
             p.data = self._placeholder
             guard(p)
         self.data = self._placeholder  # dtype and device stay readable; no elements
+        _free(self._full)
 
     def read_ahead(self) -> None:
         """About to be gathered (prefetch): start fetching an offloaded resting shard now."""
@@ -149,6 +178,7 @@ class PartitionedBucket(FlatBucket):
     def retire(self) -> None:
         """A ``zero.Init`` bucket whose parameters moved into the engine's buckets: drop its storage."""
         self.data = self._placeholder
+        _free(self._full)
         self.local = None
         self.master = None
         self.params = []
@@ -164,6 +194,10 @@ class PartitionedBucket(FlatBucket):
             self.master.copy_(shard)
 
     # ---- figures ------------------------------------------------------------------------------
+    def storage_bytes(self) -> int:
+        """Bytes the full buffer's storage holds right now, whoever references it (0 when released)."""
+        return self._full.untyped_storage().nbytes()
+
     @property
     def live_numel(self) -> int:
         """Elements of the full buffer currently allocated (0 when sharded)."""
@@ -173,6 +207,27 @@ class PartitionedBucket(FlatBucket):
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
         full = self.live_numel * self._placeholder.element_size()
         return local + full
+
+
+def _own_storage(flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` as a tensor that is the whole of its storage (so resizing the storage frees exactly it)."""
+    if flat.storage_offset() == 0 and flat.untyped_storage().nbytes() == flat.numel() * flat.element_size():
+        return flat
+    return flat.clone()
+
+
+def _free(flat: torch.Tensor) -> None:
+    flat.untyped_storage().resize_(0)
+
+
+def _same_version(flat: torch.Tensor) -> Any:
+    """Refilling a buffer with the values it held is not an in-place edit for autograd.
+
+    The views that autograd saved in forward share the buffer's version counter; writing
+    the same values back (the re-gather before backward) would otherwise read as a
+    modification and fail backward.
+    """
+    return torch.autograd._unsafe_preserve_version_counter(flat)
 
 
 def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:

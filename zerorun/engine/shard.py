@@ -13,6 +13,8 @@ updated parameters.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -48,6 +50,7 @@ class MasterShards:
 
     def bind_optimizer(self, optimizer: torch.optim.Optimizer, group_of_bucket: list[int]) -> None:
         """Replace the optimizer's parameters with the master tensors, keeping each group's settings."""
+        self.group_of_bucket = list(group_of_bucket)
         groups: dict[int, list[nn.Parameter]] = {}
         for gi, m in zip(group_of_bucket, self.masters, strict=True):
             groups.setdefault(gi, []).append(m)
@@ -55,34 +58,68 @@ class MasterShards:
             group["params"] = groups.get(gi, [])
         optimizer.state.clear()
 
+    def step_chunks(self) -> list[list[int]]:
+        """Bucket indices stepped together: consecutive buckets up to the largest bucket's size.
+
+        The optimizer's temporaries (foreach AdamW's ``sqrt(v)``, the fp32 copies of 16-bit
+        gradients) are then never more than one bucket's worth, whatever the model's size,
+        and small buckets (norms, biases) still share one optimizer call.
+        """
+        limit = max((m.numel() for m in self.masters), default=0)
+        chunks: list[list[int]] = []
+        size = limit + 1
+        for i, m in enumerate(self.masters):
+            if size + m.numel() > limit:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(i)
+            size += m.numel()
+        return chunks
+
     def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
              coll: Collectives) -> None:
-        """One optimizer step, then (when sharded) the all-gathers that hand every rank the update.
+        """One optimizer step, a chunk of buckets at a time, then (when sharded) the all-gathers.
 
         ``owned_grads`` are the reduced gradients of the owned chunks; ``multiplier`` unscales
-        and clips. With ``overlap_gather`` (the engine sets it on CUDA) each bucket's all-gather
-        runs (on NCCL's stream) while the next bucket steps. On the CPU the all-gather's copies
-        run on gloo's threads, on the cores the step runs on, and the step is memory-bound:
-        overlapped, both slowed down (measured on 2 gloo ranks, the 25.5M-parameter benchmark:
-        stage 1 at 0.99x DDP's step time overlapped, 0.91x stepped whole and then gathered).
+        and clips. Each chunk steps through the optimizer alone: its groups are pointed at the
+        chunk's masters for the call (DeepSpeed steps its sub-groups the same way), so a call
+        costs the chunk, not the model. With ``overlap_gather`` (the engine sets it on CUDA)
+        each chunk's all-gathers run (on NCCL's stream) while the next chunk steps. On the CPU
+        the all-gather's copies run on gloo's threads, on the cores the step runs on, and the
+        step is memory-bound: overlapped, both slowed down (measured on 2 gloo ranks, the
+        25.5M-parameter benchmark: stage 1 at 0.99x DDP's step time overlapped, 0.91x stepped
+        whole and then gathered).
         """
-        if not (self.overlap_gather and self.sharded):
-            self.set_grads(owned_grads, multiplier)
-            optimizer.step()
-            self.clear_grads()
-            self.publish(coll)
-            return
+        overlap = self.overlap_gather and self.sharded
         pending = []
-        for b, m, g in zip(self.buckets, self.masters, owned_grads, strict=True):
-            self.set_grads_of([m], [g], multiplier)
-            optimizer.step()  # it skips parameters without .grad: this steps one bucket's master
-            m.grad = None
-            if not self.alias:
-                with torch.no_grad():
-                    self.owned(b, b.data).copy_(m)
-            pending.append(coll.all_gather(b.data, async_op=True))
+        groups = optimizer.param_groups
+        kept = [g["params"] for g in groups]
+        try:
+            for chunk in self.step_chunks():
+                for g in groups:
+                    g["params"] = []
+                for i in chunk:
+                    groups[self.group_of_bucket[i]]["params"].append(self.masters[i])
+                self.set_grads_of([self.masters[i] for i in chunk], [owned_grads[i] for i in chunk], multiplier)
+                optimizer.step()
+                for i in chunk:
+                    self.masters[i].grad = None
+                if overlap:
+                    pending.extend(self._publish_bucket(i, coll) for i in chunk)
+        finally:
+            for g, params in zip(groups, kept, strict=True):
+                g["params"] = params
+        if not overlap:
+            self.publish(coll)
         for p in pending:
             p.wait()
+
+    def _publish_bucket(self, i: int, coll: Collectives) -> Any:
+        b, m = self.buckets[i], self.masters[i]
+        if not self.alias:
+            with torch.no_grad():
+                self.owned(b, b.data).copy_(m)
+        return coll.all_gather(b.data, async_op=True)
 
     # The whole-step sequence: set_grads -> optimizer.step -> clear_grads -> publish.
     def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
