@@ -8,9 +8,9 @@ stage 3 sees the same units (one per Linear, embedding and norm):
 * ``gpt2``: LayerNorm, biased projections, a GELU MLP, learned positions, the head tied
   to the token embedding (it reads ``embed.weight`` without calling the embedding).
 
-``--params 70B`` picks the family's preset nearest in size and sets the layer count to
-reach the asked count (70B: Llama 2 70B's shape, 80 layers; 7B: Llama 2 7B's; 1.5B with
-``gpt2``: GPT-2 XL). Rotary embeddings are left out: they hold no parameters.
+``--params 70B`` picks the family's preset nearest in size - itself when within 5% (70B:
+Llama 2 70B; 7B: Llama 2 7B; 1.5B with ``gpt2``: GPT-2 XL) - else its shape with the layer
+count that reaches the asked size. Rotary embeddings are left out: they hold no parameters.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from zerorun.estimate.shape import ModelShape, shape_from_hf_config
 Family = Literal["llama", "gpt2"]
 FAMILIES = ("llama", "gpt2")
 GPT2_POSITIONS = 1024
+PRESET_TOLERANCE = 0.05
 
 PRESETS: dict[str, list[ModelShape]] = {
     "llama": [  # TinyLlama 1.1B, Llama 2 7B / 13B / 70B
@@ -62,12 +63,17 @@ class BuiltinSpec:
 
 
 def builtin_spec(params: int, family: Family = "llama", seq_len: int = 16, micro_batch: int = 1) -> BuiltinSpec:
-    """The family's preset nearest to ``params`` (in log scale), with the layer count that reaches it."""
+    """The family's preset nearest to ``params`` (in log scale), with the layer count that reaches it.
+
+    A count within 5% of a preset is that preset unchanged (70B: Llama 2 70B, 68.98B).
+    """
     if family not in FAMILIES:
         raise ModelSpecError(f"no built-in family {family!r}", f"use one of {', '.join(FAMILIES)}")
     base = min(PRESETS[family], key=lambda s: abs(math.log(s.param_count() / params)))
     fixed = base.param_count() - base.layers * base.layer_params()
     layers = max(1, round((params - fixed) / base.layer_params()))
+    if abs(math.log(base.param_count() / params)) < PRESET_TOLERANCE:  # "70B" is Llama 2 70B itself
+        layers = base.layers
     return BuiltinSpec(family, replace(base, layers=layers, seq_len=seq_len, micro_batch=micro_batch,
                                        seq_source="--seq-len"))
 
