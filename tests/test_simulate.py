@@ -13,6 +13,8 @@ Meta mode (no storage): the 70B Llama shape at worlds 64, 512 and 4096, stages 0
   :mod:`zerorun.estimate.stage3_window` replays, element for element.
 * Set-up moves at most Psi elements (``zero.Init``'s one broadcast of each module):
   ``initialize`` adopts ``zero.Init``'s shards and gathers only the persistent buckets.
+* Set-up never holds more than one module whole (7B and 70B): at every move to the device,
+  the unit moving plus every gathered bucket is at most the largest unit.
 
 CPU mode: a 0.31B Llama-shaped model in fp32 (smaller than the 1B of the issue, to keep
 CI in seconds on 2 cores: its forward alone is 10 GFLOP), world 512, stage 3 without reuse:
@@ -153,3 +155,30 @@ def test_cpu_forward_peak_stays_within_shards_window_and_activations() -> None:
     activations = activation_bytes(spec.shape, Dtype.FP32, ActivationPolicy())
     allowance = window + activations + 64 * 2**20  # + the allocator's and the interpreter's slack
     assert rise <= allowance, f"forward rose {rise / 2**20:.0f} MiB, allowed {allowance / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("size", [7 * 10**9, 70 * 10**9])
+def test_setup_holds_one_module_whole_at_a_time(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerorun.engine.partition import PartitionedBucket
+    from zerorun.engine.placement import watch_moves
+
+    made: list[PartitionedBucket] = []
+    orig_init = PartitionedBucket.__init__
+
+    def recording_init(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        orig_init(self, *args, **kwargs)
+        made.append(self)
+
+    whole: list[int] = []  # elements whole at each set-up move: the unit moving + every gathered bucket
+
+    def observe(tensors: list[torch.Tensor], device: torch.device) -> None:
+        gathered = sum(b.live_numel for b in made if not b.persistent)
+        whole.append(gathered + sum(t.numel() for t in tensors))
+
+    monkeypatch.setattr(PartitionedBucket, "__init__", recording_init)
+    spec = builtin_spec(size, "llama")
+    with watch_moves(observe):
+        result, _ = _simulate(spec, 512, 3, steps=1)
+    assert len(whole) >= len(made) > 0
+    assert max(whole) <= spec.shape.largest_unit(), (max(whole), spec.shape.largest_unit())
+    assert result.setup["all_gather"]["elements"] == result.persistent_numel  # nothing re-gathered at initialize
