@@ -18,7 +18,9 @@ which is 3 Psi at ``stage3_max_reuse_distance`` 0 (mirrors :mod:`zerorun.engine.
 
 A head tied to the token embedding (``held``) is filed under the root module, which holds
 it gathered from the start of forward to the end of backward from the second step on:
-one gather per step instead of two.
+one gather per step instead of two. (On the first step it is gathered three times - for the
+embedding, for the head's read, for the embedding's backward - which the first-step figure
+leaves out: 0.06 Psi at GPT-2 1.5B.)
 """
 
 from __future__ import annotations
