@@ -217,19 +217,25 @@ def test_buffers_follow_the_stage_and_never_exceed_the_model() -> None:
     }
 
 
-def test_stage3_buffers_gather_the_largest_unit_plus_prefetch() -> None:
-    shape = ModelShape(hidden=1024, layers=4, heads=16, vocab=32000)
+def test_stage3_buffers_gather_what_the_coordinator_keeps() -> None:
+    shape = ModelShape(hidden=1024, layers=4, heads=16, vocab=32000)  # tied head
     training = Training(shape.param_count(), 4)
     buckets = Buckets(reduce_bucket_size=10**6, stage3_prefetch_bucket_size=10**6, stage3_max_live_parameters=10**9)
     terms = buffer_terms(training, Placement(3), buckets, shape)
     unit = shape.largest_unit()
     assert terms["reduce_staging"] == 32000 * 1024 * 2 * 2  # the embedding's own bucket, overlapped at stage 3
     assert unit == 32000 * 1024  # the embedding beats a 12.6M-parameter block
-    assert terms["gathered_params"] == (unit + 10**6) * 2
+    # the default reuse distance (1e9) exceeds the model: forward keeps every non-persistent unit for backward
+    assert terms["gathered_params"] == (shape.param_count() - 9 * 1024) * 2
     assert terms["unit_gradients"] == unit * 2
     assert terms["persistent_params"] == 9 * 1024 * 2  # 2 norms per layer + the final norm
+    # nothing kept: the tied embedding (held by the root through the pass) + the largest layer unit (4h x h);
+    # no other unit fits the 1e6-element prefetch
+    mlp = 4 * 1024 * 1024
+    no_reuse = Buckets(reduce_bucket_size=10**6, stage3_prefetch_bucket_size=10**6, stage3_max_reuse_distance=0)
+    assert buffer_terms(training, Placement(3), no_reuse, shape)["gathered_params"] == (unit + mlp) * 2
     capped = buffer_terms(training, Placement(3), Buckets(stage3_max_live_parameters=10), shape)
-    assert capped["gathered_params"] == unit * 2  # the unit running now is gathered regardless
+    assert capped["gathered_params"] == (unit + mlp) * 2  # the cap keeps nothing; what runs is gathered regardless
 
 
 def test_korthikanti_activations_match_the_published_per_layer_figures() -> None:

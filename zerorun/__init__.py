@@ -17,6 +17,7 @@ _LAZY = {
     "init_distributed": ("zerorun.engine.bootstrap", "init_distributed"),
     "add_config_arguments": ("zerorun.engine.api", "add_config_arguments"),
     "zero": ("zerorun.zero", None),
+    "simulate": ("zerorun.simulate", None),
 }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from zerorun.commands import autotune, convert, estimate, print_config, report, validate
+from zerorun.commands import autotune, convert, estimate, print_config, report, simulate, validate
 from zerorun.commands.boundary import click_module, from_click, print_error
 from zerorun.commands.options import ALIASES
 from zerorun.config.suggest import did_you_mean
@@ -34,6 +34,7 @@ app = typer.Typer(
         "  zerorun --num_gpus 2 examples/train_toy.py --config templates/zero2.yaml\n\n"
         "  zerorun --hostfile hostfiles/two-nodes train.py\n\n"
         "  zerorun estimate --params 14B --gpus 8\n\n"
+        "  zerorun simulate --world 512 --params 70B --meta\n\n"
         "  zerorun validate ds_config.json --world-size 8\n\n"
         "  zerorun print-config templates/zero3.yaml --format table"
     ),
@@ -53,6 +54,7 @@ app.command("estimate")(estimate.command)
 app.command("autotune", context_settings=_RAW, add_help_option=False)(autotune.command)
 app.command("report")(report.command)
 app.command("convert")(convert.command)
+app.command("simulate")(simulate.command)
 
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)

@@ -23,6 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from zerorun import simulate
 from zerorun.engine.errors import EngineError
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -40,8 +41,9 @@ class DistContext:
     group: dist.ProcessGroup | None
 
 
-# backends with their own reduce-scatter and all-gather-into-tensor (gloo emulates them)
-NATIVE_SCATTER_BACKENDS = frozenset({"nccl", "ucc", "xccl"})
+# backends with their own reduce-scatter and all-gather-into-tensor (gloo emulates them); torch's
+# fake group (zerorun.simulate) has them too, and its point-to-point does nothing
+NATIVE_SCATTER_BACKENDS = frozenset({"nccl", "ucc", "xccl", "fake"})
 
 
 def default_backend() -> str:
@@ -81,6 +83,18 @@ def choose_device_type(backends: dict[str, str], cuda_available: bool) -> str:
                       "initialize torch.distributed with gloo (CPU) or, on a GPU machine, nccl")
 
 
+def serving(backends: dict[str, str], cuda_available: bool) -> tuple[str, str]:
+    """The device type a group serving ``backends`` computes on, and the backend serving it.
+
+    A simulated world (torch's fake group, :mod:`zerorun.simulate`) computes on the
+    simulation's device, the CPU or ``meta``, never on a GPU the machine may have.
+    """
+    if simulate.is_fake(backends):
+        return simulate.device_type(), simulate.FAKE_BACKEND
+    device_type = choose_device_type(backends, cuda_available)
+    return device_type, backends[device_type]
+
+
 def group_backends(group: dist.ProcessGroup | None = None) -> dict[str, str]:
     """``{device type: backend}`` of ``group`` (default: the world group)."""
     return device_backends(dist.get_backend_config(group))
@@ -112,9 +126,8 @@ def _device(device_type: str, local_rank: int) -> torch.device:
 
 def _context(local_rank: int) -> DistContext:
     """The context of the (initialized) default group: its device and the backend serving it."""
-    backends = group_backends()
-    device_type = choose_device_type(backends, torch.cuda.is_available())
-    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, backends[device_type],
+    device_type, backend = serving(group_backends(), torch.cuda.is_available())
+    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, backend,
                        _device(device_type, local_rank), dist.group.WORLD)
 
 
@@ -123,6 +136,9 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     """Join (or reuse) the default process group and return this rank's :class:`DistContext`."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if dist.is_initialized():
+        return _context(local_rank)
+    if (simulation := simulate.from_env()) is not None:  # ZERORUN_SIMULATE: this process plays one rank of N
+        simulate.join(simulation)
         return _context(local_rank)
     backend = dist_backend or default_backend()
     if init_method is None and "WORLD_SIZE" not in os.environ:

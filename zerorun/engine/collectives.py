@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from zerorun.engine import shared_memory
-from zerorun.engine.bootstrap import choose_device_type, group_backends, native_scatter
+from zerorun.engine.bootstrap import group_backends, native_scatter, serving
 from zerorun.engine.shared_memory import SharedLane
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -162,12 +162,12 @@ class Collectives:
         self.counter = CommCounter()
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
-            backends = group_backends(group)
-            device_type = choose_device_type(backends, torch.cuda.is_available())
-            backend = backends[device_type]
+            device_type, backend = serving(group_backends(group), torch.cuda.is_available())
             self.device = (torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda"
                            else torch.device(device_type))
         self.native_reduce_scatter = native_scatter(backend)
+        # torch's fake group (zerorun.simulate): shapes and bytes are real, reduced values are not
+        self.simulated = backend == "fake"
         self.lane: SharedLane | None = None
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "point-to-point chunk exchange (gloo has no native reduce-scatter)"
@@ -195,6 +195,7 @@ class Collectives:
         """
         if not self._live():
             return ok
+        assert not self.simulated, "a simulated world (fake group) leaves a reduced flag undefined: decide without it"
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())

@@ -1,8 +1,10 @@
 """Assemble stage 3 on the shared mechanism: one bucket per module unit, sharded at rest.
 
 The recipe mirrors :func:`zerorun.engine.build.build_parts`, unit by unit so that only
-one unit is ever whole on a rank while building: (gather the unit's ``zero.Init``
-shards) -> move the unit's parameters to the engine's device (the whole model is never
+one unit is ever whole on a rank while building. A unit that ``zero.Init`` sharded as one
+bucket of the same parameters keeps that bucket: its shards are already consistent, so
+it only gets its master, its dtype and its place (nothing is communicated). Otherwise:
+(gather the unit's ``zero.Init`` shards) -> move the unit's parameters to the engine's device (the whole model is never
 moved: :mod:`zerorun.engine.placement`) -> pack them into a bucket per optimizer group
 (and one for the parameters the optimizer does not step: frozen, sharded too) -> broadcast
 from rank 0 -> keep this rank's chunk (``local``) and its fp32 master -> cast to the
@@ -21,7 +23,7 @@ DeepSpeed's granularity; a unit never spans two modules, so a block of 4 Linears
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -93,11 +95,35 @@ def _make_bucket(name: str, params: list[nn.Parameter], gi: int, coll: Collectiv
     with torch.no_grad():
         coll.broadcast(b.data, src=0)
     b.seal()
-    if not precision.master_is_alias and not frozen:
+    return _finish_bucket(b, precision, threshold)
+
+
+def _adopt(params: list[nn.Parameter], name: str, gi: int, coll: Collectives, precision: PrecisionPolicy,
+           threshold: int, frozen: bool) -> PartitionedBucket | None:
+    """``zero.Init``'s bucket of exactly ``params``, taken over as the engine's (None: there is none).
+
+    Its shards already hold rank 0's values on every rank, laid out as :func:`unit_bucket`
+    lays out the same parameters, so set-up moves nothing for this unit: no gather, no
+    second broadcast (set-up traffic is ``zero.Init``'s one broadcast of each module).
+    """
+    prov = bucket_of(params[0])
+    if (prov is None or not prov.provisional or prov.state is not ParamState.SHARDED
+            or len(prov.params) != len(params) or {id(p) for p in prov.params} != {id(p) for p in params}):
+        return None
+    prov.provisional, prov.coll, prov.name, prov.frozen = False, coll, name, frozen
+    prov.plan = replace(prov.plan, group_index=gi)
+    return _finish_bucket(prov, precision, threshold)
+
+
+def _finish_bucket(b: PartitionedBucket, precision: PrecisionPolicy, threshold: int) -> PartitionedBucket:
+    """fp32 master of the shard, then the compute dtype; sharded at rest unless under the persistence threshold."""
+    if not precision.master_is_alias and not b.frozen:
         b.master = b.local.float()  # fp32 master taken before the cast; MasterShards clones it once more
     b.cast_(precision.compute_dtype)
     b.persistent = b.plan.numel < threshold
-    if not b.persistent:
+    if b.persistent:
+        b.gather()
+    elif b.state is ParamState.GATHERED:
         b.release()
     return b
 
@@ -127,11 +153,13 @@ def plan_stage3(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
         if not direct and m is not module:
             continue
         own = [p for p in direct if id(p) not in bucket_of_param]
-        _materialize(own)
         for gi in sorted({group_of.get(id(p), -1) for p in own}):  # -1: not stepped by the optimizer
             ps = [p for p in own if group_of.get(id(p), -1) == gi]
             label = (name or "<root>") + ("[frozen]" if gi < 0 else f"[group {gi}]" if len(groups) > 1 else "")
-            b = _make_bucket(label, ps, max(gi, 0), coll, precision, threshold, device, frozen=gi < 0)
+            b = _adopt(ps, label, max(gi, 0), coll, precision, threshold, frozen=gi < 0)
+            if b is None:
+                _materialize(ps)
+                b = _make_bucket(label, ps, max(gi, 0), coll, precision, threshold, device, frozen=gi < 0)
             if gi < 0:
                 plan.frozen.append(b)
             else:

@@ -6,8 +6,9 @@ buffer; ``allgather_bucket_size`` therefore costs nothing here (DeepSpeed alloca
 one). Stage 2 reduce-scatters through staging buffers of one bucket each
 (``reduce_bucket_size``, never smaller than the largest parameter, never larger than
 the model), two of them with ``overlap_comm``: one in flight while the next fills.
-Stage 3 adds the gathered parameters of the unit running now plus what is prefetched
-(at most ``stage3_max_live_parameters``), that unit's full gradient before it is
+Stage 3 adds the gathered parameters at their peak: the unit running now, what is
+prefetched and what forward keeps gathered for backward (``stage3_max_reuse_distance``,
+at most ``stage3_max_live_parameters``: :mod:`zerorun.estimate.stage3_window`), that unit's full gradient before it is
 reduce-scattered, and the small parameters kept gathered under
 ``stage3_param_persistence_threshold``.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from zerorun.estimate.model_states import Placement, Training
 from zerorun.estimate.shape import ModelShape
+from zerorun.estimate.stage3_window import WindowPolicy, decoder_window
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Buckets:
     stage3_prefetch_bucket_size: int = 50_000_000
     stage3_max_live_parameters: int = 1_000_000_000
     stage3_param_persistence_threshold: int = 100_000
+    stage3_max_reuse_distance: int = 1_000_000_000
 
     @classmethod
     def from_zero_config(cls, zero: Any) -> Buckets:
@@ -42,6 +45,12 @@ class Buckets:
         }
         overlap = values.pop("overlap_comm")
         return cls(overlap_comm=None if overlap is None else bool(overlap), **{k: int(v) for k, v in values.items()})
+
+
+def window_policy(buckets: Buckets) -> WindowPolicy:
+    """The stage-3 gather knobs of ``buckets``."""
+    return WindowPolicy(buckets.stage3_max_live_parameters, buckets.stage3_max_reuse_distance,
+                        buckets.stage3_prefetch_bucket_size, buckets.stage3_param_persistence_threshold)
 
 
 def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | None) -> int:
@@ -62,6 +71,8 @@ def buffer_terms(
     if placement.stage == 3:
         unit = min(shape.largest_unit(), psi) if shape else 0
         window = min(buckets.stage3_max_live_parameters, unit + buckets.stage3_prefetch_bucket_size)
+        if shape:  # what the coordinator really keeps: the reuse window into backward, prefetch, the unit
+            window = decoder_window(shape, training.world_size, window_policy(buckets)).peak_live_numel
         terms["gathered_params"] = min(psi, max(unit, window)) * nbytes
         terms["unit_gradients"] = unit * nbytes
         if shape and shape.hidden <= buckets.stage3_param_persistence_threshold:

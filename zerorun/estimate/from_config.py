@@ -20,7 +20,7 @@ class ConfigFacts:
     optimizer: Optimizer | None = None
 
 
-def _optimizer_of(cfg: Any) -> Optimizer | None:
+def optimizer_of(cfg: Any) -> Optimizer | None:
     opt = getattr(cfg, "optimizer", None)
     if opt is None:
         return None
@@ -60,4 +60,4 @@ def config_facts(path: str | Path | None, *, world_size: int, hidden_size: int |
         return ConfigFacts(replace(Buckets.from_zero_config(cfg.zero_optimization), overlap_comm=None))
     cfg = load_config(str(path), world_size=world_size, hidden_size=hidden_size)
     buckets = Buckets.from_zero_config(cfg.zero_optimization)
-    return ConfigFacts(buckets, _dtype_of(cfg), _optimizer_of(cfg))
+    return ConfigFacts(buckets, _dtype_of(cfg), optimizer_of(cfg))

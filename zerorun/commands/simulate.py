@@ -1,0 +1,103 @@
+"""`zerorun simulate`: the real engine as one rank of a large world, on this machine, beside the estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from zerorun.commands.options import Json
+from zerorun.errors import UsageError
+from zerorun.estimate import parse_param_count
+
+if TYPE_CHECKING:
+    from zerorun.simulate_run import ModelChoice
+
+WorldOpt = Annotated[int, typer.Option("--world", min=1, help="Ranks in the simulated world.")]
+RankOpt = Annotated[int, typer.Option("--rank", min=0, help="The rank this process plays.")]
+MetaOpt = Annotated[bool, typer.Option(
+    "--meta", help="Compute on the meta device: no storage, any size in seconds, no physical peaks.")]
+ModelOpt = Annotated[Path | None, typer.Option(
+    "--model", help="A Hugging Face config.json (built with from_config; no weights are downloaded).")]
+ParamsOpt = Annotated[str | None, typer.Option(
+    "--params", help="A built-in decoder of this size: 70B, 7B, 1.5B (with --family).")]
+FamilyOpt = Annotated[str, typer.Option("--family", help="The built-in decoder's layout: llama or gpt2.")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="A zerorun/DeepSpeed config \\[default: AdamW, bf16, one sample per rank].")]
+StageOpt = Annotated[int | None, typer.Option(
+    "--stage", min=0, max=3, help="Override the config's ZeRO stage \\[default: the config's, else 3].")]
+StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="Training steps after set-up.")]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per sample.")]
+
+
+def _model_choice(model: Path | None, params: str | None, family: str, seq_len: int,
+                  micro_batch: int) -> ModelChoice:
+    from zerorun import simulate_model as sm
+    from zerorun.simulate_run import ModelChoice
+
+    if (model is None) == (params is None):
+        raise UsageError("give exactly one of --model config.json and --params SIZE",
+                         hint="zerorun simulate --world 512 --params 70B --meta",
+                         usage="zerorun simulate --world N (--model config.json | --params SIZE) [options]")
+    if model is not None:
+        shape = sm.hf_shape(model, seq_len, micro_batch)
+        return ModelChoice(str(model), shape, shape.vocab, lambda: sm.HfLoss(sm.hf_model(model)))
+    spec = sm.builtin_spec(parse_param_count(params), family, seq_len, micro_batch)  # type: ignore[arg-type]
+    label = f"{spec.family} {params} (built-in, {spec.shape.layers} layers)"
+    return ModelChoice(label, spec.shape, spec.shape.vocab, lambda: sm.Decoder(spec))
+
+
+def command(
+    world: WorldOpt,
+    rank: RankOpt = 0,
+    meta: MetaOpt = False,
+    model: ModelOpt = None,
+    params: ParamsOpt = None,
+    family: FamilyOpt = "llama",
+    config: ConfigOpt = None,
+    stage: StageOpt = None,
+    steps: StepsOpt = 2,
+    seq_len: SeqLenOpt = 16,
+    as_json: Json = False,
+) -> None:
+    """Run the engine's real set-up and a few steps as rank R of N, in this one process.
+
+    torch's fake process group stands in for the other ranks: every collective keeps
+    its shapes and byte counts, not its values. Printed beside `zerorun estimate` for
+    the same parameters, world and config: each memory term of
+    engine.memory_breakdown(), the physical peak of set-up, forward, backward and step
+    (CPU mode: the kernel's RSS high-water mark), communication per step and at set-up
+    in Psi and bytes, and the time taken.
+
+    What it shows is the real code path at (R, N): layout, padding, shard ranges, the
+    bytes each rank holds, the sequence and size of collectives, the gather decisions,
+    and on the CPU the real allocation peaks. It says nothing of numerics (losses are
+    meaningless), agreement between ranks, deadlocks, timing, NCCL's buffers or the
+    CUDA allocator. A script runs simulated unchanged with ZERORUN_SIMULATE=N
+    (ZERORUN_SIMULATE_RANK, ZERORUN_SIMULATE_DEVICE=cpu|meta).
+
+    Examples:
+
+      zerorun simulate --world 512 --params 70B --meta
+
+      zerorun simulate --world 64 --params 1.5B --family gpt2 --stage 2 --meta --json
+
+      zerorun simulate --world 512 --params 1B --config ds.json --steps 3
+    """
+    from zerorun.simulate import Simulation
+    from zerorun.simulate_compare import compare
+    from zerorun.simulate_report import render, to_json
+    from zerorun.simulate_run import SimRequest, config_with_stage, run
+
+    cfg = config_with_stage(config, stage)
+    micro_batch = int(cfg.get("train_micro_batch_size_per_gpu") or 1)
+    choice = _model_choice(model, params, family, seq_len, micro_batch)
+    sim = Simulation(world, rank, "meta" if meta else "cpu")
+    result = run(SimRequest(sim, choice, cfg, steps, seq_len))
+    comparison = compare(result, cfg, choice.shape)
+    if as_json:
+        print(json.dumps(to_json(result, comparison), indent=2))
+        return
+    print("\n".join(render(result, comparison)))

@@ -1,0 +1,112 @@
+"""``zerorun simulate``'s output: one JSON document, or text lines of at most 80 columns.
+
+Both carry the same figures: the engine's memory terms beside the estimate's, the
+physical peak per phase (CPU mode), communication per step and at set-up in Psi and
+bytes, and the time taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from zerorun.estimate.counts import human_bytes
+from zerorun.simulate_compare import STATE_TERMS, Comparison, moved_bytes, volume
+from zerorun.simulate_run import PHASES, Counts, SimResult
+
+
+def _traffic(counts: Counts, psi: int) -> dict[str, Any]:
+    return {"psi": volume(counts) / psi, "elements": volume(counts), "bytes": moved_bytes(counts), "by_kind": counts}
+
+
+def to_json(result: SimResult, comparison: Comparison) -> dict[str, Any]:
+    psi = result.psi
+    window = comparison.window
+    return {
+        "world_size": result.world_size, "rank": result.rank, "device": result.device, "model": result.model,
+        "stage": result.stage, "dtype": result.dtype, "optimizer": result.optimizer, "params": psi,
+        "buckets": result.buckets, "persistent_numel": result.persistent_numel,
+        "memory": {"simulated": result.memory, "estimate": comparison.states,
+                   "model_states_bound_bytes": comparison.bound,
+                   "estimate_buffers": comparison.buffers, "estimate_total_per_gpu": comparison.total,
+                   "params_after_forward": result.forward_params},
+        "stage3_window": None if result.stage != 3 else {
+            "kept_numel": result.kept_numel, "peak_live_numel": result.peak_live_numel,
+            "estimate": None if window is None else asdict(window)},
+        "phases": {name: asdict(result.phases[name]) for name in PHASES},
+        "communication": {
+            "setup": _traffic(result.setup, psi),
+            "steps": [_traffic(s, psi) for s in result.steps],
+            "estimate_psi": {"first_step": comparison.first_step_numel / psi,
+                             "later_steps": comparison.later_step_numel / psi},
+        },
+        "seconds": result.seconds,
+    }
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + human_bytes(abs(n))
+
+
+def _memory_lines(result: SimResult, comparison: Comparison) -> list[str]:
+    lines = [f"{'memory per rank (bookkeeping)':<30}{'simulated':>14}{'estimate':>14}{'difference':>14}"]
+    for term in STATE_TERMS:
+        sim, est = result.memory[term], comparison.states[term]
+        lines.append(f"  {term:<28}{human_bytes(sim):>14}{human_bytes(est):>14}{_signed(sim - est):>14}")
+    sim_total = sum(result.memory[t] for t in STATE_TERMS)
+    est_total = sum(comparison.states.values())
+    lines.append(f"  {'model states':<28}{human_bytes(sim_total):>14}{human_bytes(est_total):>14}"
+                 f"{_signed(sim_total - est_total):>14}")
+    lines.append(f"  (padding, persistent buckets and step counters allow up to {human_bytes(comparison.bound)})")
+    staging = comparison.buffers.get("reduce_staging", 0)
+    lines.append(f"  {'buffers (reduce staging)':<28}{human_bytes(result.memory['buffers']):>14}"
+                 f"{human_bytes(staging):>14}")
+    lines.append(f"  {'params when forward ends':<28}{human_bytes(result.forward_params):>14}")
+    if result.stage == 3 and result.kept_numel is not None:
+        window = comparison.window
+        est = "" if window is None else f"{window.kept_numel:,}"
+        lines.append(f"  {'kept gathered (elements)':<28}{result.kept_numel:>14,}{est:>14}")
+        est = "" if window is None else f"{window.peak_live_numel:,}"
+        lines.append(f"  {'peak gathered (elements)':<28}{result.peak_live_numel or 0:>14,}{est:>14}")
+    lines.append(f"  {'estimate, whole row per GPU':<28}{'':>14}{human_bytes(comparison.total):>14}")
+    return lines
+
+
+def _phase_lines(result: SimResult) -> list[str]:
+    lines = [f"{'physical peak per phase (RSS)':<30}{'start':>12}{'peak':>12}{'rise':>12}{'seconds':>10}"]
+    for name in PHASES:
+        p = result.phases[name]
+        if p.rss_peak is None:
+            start = peak = rise = "-"
+        else:
+            start, peak = human_bytes(p.rss_start or 0), human_bytes(p.rss_peak)
+            rise = _signed(p.rss_peak - (p.rss_start or 0))
+        lines.append(f"  {name:<28}{start:>12}{peak:>12}{rise:>12}{p.seconds:>10.2f}")
+    if result.device == "meta":
+        lines.append("  (meta device: nothing is allocated, so there is no physical peak)")
+    return lines
+
+
+def _comm_lines(result: SimResult, comparison: Comparison) -> list[str]:
+    psi = result.psi
+    lines = [f"{'communication per rank':<30}{'Psi':>10}{'bytes':>14}{'estimate Psi':>14}"]
+    for i, step in enumerate(result.steps):
+        est = comparison.first_step_numel if i == 0 else comparison.later_step_numel
+        lines.append(f"  {f'step {i + 1}':<28}{volume(step) / psi:>10.4f}{human_bytes(moved_bytes(step)):>14}"
+                     f"{est / psi:>14.4f}")
+    lines.append(f"  {'set-up':<28}{volume(result.setup) / psi:>10.4f}"
+                 f"{human_bytes(moved_bytes(result.setup)):>14}")
+    return lines
+
+
+def render(result: SimResult, comparison: Comparison) -> list[str]:
+    """The text form; no line is longer than 80 columns."""
+    where = "meta device (no storage)" if result.device == "meta" else "CPU (real allocations)"
+    head = [
+        f"simulated rank {result.rank} of {result.world_size} on the {where}, {len(result.steps)} step(s)",
+        f"model   {result.model}: {result.psi:,} parameters, {result.buckets} buckets",
+        f"config  stage {result.stage}, {result.dtype}, {result.optimizer or 'client optimizer'}",
+        "",
+    ]
+    body = [*_memory_lines(result, comparison), "", *_phase_lines(result), "", *_comm_lines(result, comparison)]
+    return [*head, *body, "", f"time taken: {result.seconds:.1f} s"]
