@@ -139,8 +139,6 @@ def test_one_world_per_process() -> None:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="the stage-3 release leak: a released bucket's buffer stays referenced "
-                                       "by autograd's saved tensors, so forward holds every unit it gathered")
 def test_cpu_forward_peak_stays_within_shards_window_and_activations() -> None:
     from zerorun.estimate import ActivationPolicy, Dtype, activation_bytes
 

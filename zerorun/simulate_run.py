@@ -24,7 +24,7 @@ from torch import nn
 from zerorun.engine.collectives import KINDS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
-from zerorun.simulate_peak import measured
+from zerorun.simulate_peak import measured, return_freed_memory
 
 PHASES = ("setup", "forward", "backward", "step")
 Counts = dict[str, dict[str, int]]  # kind -> {"calls", "bytes", "elements"}
@@ -126,6 +126,8 @@ def run(req: SimRequest) -> SimResult:
     import zerorun
 
     sim, cpu = req.simulation, req.simulation.device == "cpu"
+    if cpu:
+        return_freed_memory()  # the peaks are then the engine's, not glibc's retention
     phases = {name: PhaseFigures() for name in PHASES}
     began = time.perf_counter()
     with world(sim.world_size, sim.rank, sim.device):
