@@ -68,7 +68,9 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
         with zerorun.zero.GatheredParameters(list(model.parameters())):
             return [p.detach().clone() for p in model.parameters()]
 
-    return step, lambda: sum(engine.memory_breakdown().values()), full_params, comm_bytes
+    from zerorun.engine.figures import model_state_bytes
+
+    return step, lambda: model_state_bytes(engine.memory_breakdown()), full_params, comm_bytes
 
 
 def setup_torch(args, model, world: int):

@@ -59,7 +59,9 @@ def guess_hidden_size(model: nn.Module) -> int | None:
 
 
 def _model_state_bytes(engine: Any) -> int:
-    return int(sum(engine.memory_breakdown().values()))
+    from zerorun.engine.figures import model_state_bytes  # the bookkeeping keys, not the physical ones
+
+    return model_state_bytes(engine.memory_breakdown())
 
 
 def measured_facts(engine: Any) -> dict[str, Any]:
