@@ -62,10 +62,9 @@ def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | Non
     return min(training.params, max(layout, largest_param))
 
 
-def stage3_gathered(training: Training, buckets: Buckets, shape: ModelShape | None) -> int:
+def stage3_gathered(training: Training, buckets: Buckets, unit: int) -> int:
     """Elements stage 3 holds gathered in backward: the largest unit plus the prefetch window,
     at most ``stage3_max_live_parameters`` (the running unit counts regardless), at most Ψ."""
-    unit = min(shape.largest_unit(), training.params) if shape else 0
     window = min(buckets.stage3_max_live_parameters, unit + buckets.stage3_prefetch_bucket_size)
     # issue 21: the kept-gathered window (zerorun.estimate.stage3_window) adds its elements here
     return min(training.params, max(unit, window))
@@ -76,7 +75,7 @@ def step_sizes(training: Training, placement: Placement, buckets: Buckets, shape
     overlap = placement.stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
     unit = min(shape.largest_unit(), training.params) if shape else 0
     return StepSizes(unit=unit, bucket=largest_bucket(training, buckets, shape, placement.stage),
-                     gathered=stage3_gathered(training, buckets, shape) if placement.stage == 3 else 0,
+                     gathered=stage3_gathered(training, buckets, unit) if placement.stage == 3 else 0,
                      staging_buffers=2 if overlap else 1)
 
 
