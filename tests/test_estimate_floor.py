@@ -99,3 +99,30 @@ def test_the_bucket_cap_mirrors_the_engine() -> None:
 
     assert MAX_BUCKET_NUMEL == ENGINE_CAP
     assert Buckets().reduce_bucket_size > MAX_BUCKET_NUMEL  # so the cap is what the default layout uses
+
+
+def _facts(stage: int, per_rank: list[dict[str, int]]) -> dict:
+    return {"stage": stage, "world_size": 2, "num_parameters": PSI, "dtype": "fp32", "optimizer": "adamw",
+            "largest_bucket": UNIT // 2, "largest_param": LARGEST_PARAM, "physical_per_rank": per_rank,
+            "memory_breakdown": {"params": 1}}
+
+
+def test_measure_takes_the_worse_rank_and_the_device_peak_first() -> None:
+    from zerorun.estimate.measure import against_ddp, compare
+
+    host = [{"host_peak_rss": 900 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0},
+            {"host_peak_rss": 1000 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0}]
+    rows, physical, _ = compare(_facts(3, host))
+    assert physical.per_rank == [700 * MiB, 800 * MiB] and physical.worst_rank == 1
+    assert physical.estimated == rows[-1].estimated and physical.ratio == 800 * MiB / rows[-1].estimated
+    flight = next(r for r in rows if r.term == "in_flight").estimated
+    unit = UNIT // 2  # stage 3: the unit's gradients, and the unit plus the default 5e7-element prefetch gathered
+    assert flight == 4 * (unit + unit + 50_000_000)
+    gpu = [{**host[0], "device_peak_allocated": 5 * MiB}, {**host[1], "device_peak_allocated": 6 * MiB}]
+    assert compare(_facts(3, gpu))[1].per_rank == [5 * MiB, 6 * MiB]  # the allocator's peak, not the host's
+    assert compare(_facts(3, []))[1] is None
+    line = against_ddp(_facts(3, host))
+    ddp_total = compare(_facts(0, host))[0][-1].estimated
+    ddp_peak = 800 * MiB - rows[-1].estimated + ddp_total  # the same run, DDP's states in place of stage 3's
+    assert ddp_peak > 800 * MiB
+    assert line == f"peak 800.00 MiB per rank (physical, stage 3), DDP on this model: ~{ddp_peak / 2**30:.2f} GiB (estimate)"

@@ -118,3 +118,18 @@ def compare(facts: dict[str, Any]) -> tuple[list[Comparison], PhysicalPeak | Non
         notes.append("physical (CPU): the RSS high-water mark after warm-up less the RSS when zerorun was imported; "
                      "it also holds the script's data, activations and libraries loaded later (not estimated here)")
     return rows, physical, notes
+
+
+def against_ddp(facts: dict[str, Any]) -> str | None:
+    """One line for the end of a run: what the worse rank held physically, and the estimate of plain
+    data parallel on the same model (this run's peak with DDP's model states and in-flight terms in
+    place of this stage's: same runtime, same data). None without physical figures."""
+    from zerorun.estimate.counts import human_bytes
+
+    rows, physical, _ = compare(facts)
+    if physical is None:
+        return None
+    ddp, _, _ = compare({**facts, "stage": 0, "offload_optimizer": "none", "offload_param": "none"})
+    ddp_peak = physical.peak - rows[-1].estimated + ddp[-1].estimated
+    return (f"peak {human_bytes(physical.peak)} per rank (physical, stage {facts['stage']}), "
+            f"DDP on this model: ~{human_bytes(ddp_peak)} (estimate)")
