@@ -221,17 +221,24 @@ def run_system(system: str, args: argparse.Namespace) -> dict[str, Any]:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
     if done.returncode != 0 or line is None:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise SystemExit(f"error: {system} failed (exit {done.returncode}):\n{tail}")
+        out = (done.stdout + done.stderr).splitlines()
+        # the first lines that say what broke, then torchrun's summary
+        said = [ln for ln in out if any(k in ln for k in ("Error", "error:", "terminate called", "Abort"))][:8]
+        print(f"error: {system} failed (exit {done.returncode}):\n" + "\n".join(said + out[-12:]),
+              file=sys.stderr, flush=True)
+        return {"system": system, "error": f"exit {done.returncode}"}
     return json.loads(line[len(RESULT_PREFIX):])
 
 
 def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """Markdown: peak (worse rank), floor, peak / floor, and peak / DDP's peak on the same model."""
-    ddp = next((r["peak_mib"] for r in results if r["system"] == "torch-ddp"), None)
+    ddp = next((r["peak_mib"] for r in results if r["system"] == "torch-ddp" and "error" not in r), None)
     lines = ["| system | stage | peak MiB (worse rank) | floor MiB | peak / floor | peak / DDP |",
              "|---|---|---|---|---|---|"]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['system']} | {r['stage']} | failed ({r['error']}) | {r['floor_mib']:.0f} | - | - |")
+            continue
         vs = "-" if ddp is None or r["system"].endswith("-lora") else f"{r['peak_mib'] / ddp:.2f}"
         lines.append(f"| {r['system']} | {r['stage']} | {r['peak_mib']:.0f} | {r['floor_mib']:.0f} | "
                      f"{r['peak_over_floor']:.2f} | {vs} |")
@@ -283,18 +290,21 @@ def main() -> None:
     results = []
     for system in systems:
         print(f"running {system} on {args.world} ranks ...", file=sys.stderr, flush=True)
-        raw = run_system(system, args)
-        world = args.world
-        # on gloo/CPU: global batch = micro * world, every rank the same model; the worse rank counts
-        peak, floor = max(raw["peak_bytes_per_rank"]), floor_bytes(system, args, world)
-        results.append({**raw, "stage": stage_of(system), "peak_mib": peak / MiB, "floor_mib": floor / MiB,
-                        "peak_over_floor": peak / floor})
+        raw = run_system(system, args)  # a failed system is a row of the table, not the end of the run
+        floor = floor_bytes(system, args, args.world)
+        row = {**raw, "stage": stage_of(system), "floor_mib": floor / MiB}
+        if "error" not in raw:
+            peak = max(raw["peak_bytes_per_rank"])  # the worse rank counts
+            row.update(peak_mib=peak / MiB, peak_over_floor=peak / floor)
+        results.append(row)
     print(table(results, args))
     if args.json == "-":
         print(json.dumps(results, indent=2))
     elif args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if any("error" in r for r in results):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
