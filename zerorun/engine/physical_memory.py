@@ -6,9 +6,9 @@ still references after the engine released it shows here and not there.
 
 Host (Linux): ``host_rss`` is the resident set now (``VmRSS``), ``host_peak_rss`` the
 kernel's high-water mark (``VmHWM``) since the last :func:`reset_peak` (else since the
-process started), and ``host_baseline_rss`` the resident set when this module was first
-imported: torch and zerorun loaded, nothing of the model yet when the script imports
-zerorun first. All three are absolute: what a step holds is ``host_peak_rss`` less
+process started), and ``host_baseline_rss`` the resident set at ``import zerorun`` when
+torch was already loaded (else when the engine first loaded): torch loaded, nothing of
+the script's model yet when it imports zerorun before building the model. All three are absolute: what a step holds is ``host_peak_rss`` less
 a baseline the reader chooses (this one, or its own taken right after ``import torch``).
 
 CUDA: ``device_peak_allocated`` and ``device_peak_reserved`` are
