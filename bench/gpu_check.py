@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
 
 import zerorun  # noqa: E402
 import zerorun.engine.bootstrap  # noqa: E402
+from zerorun.engine.figures import model_state_bytes  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
     ActivationPolicy,
     Buckets,
@@ -276,7 +277,7 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
         + row.gpu["grad_accum"] + row.gpu["buffers"]
     out: dict[str, Any] = {"params": psi, "estimate": row.gpu, "estimate_total": row.total,
                            "engine_breakdown": breakdown,
-                           "breakdown_ratio": sum(breakdown.values()) / states_and_buffers}
+                           "breakdown_ratio": model_state_bytes(breakdown) / states_and_buffers}
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
         out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total,

@@ -41,9 +41,8 @@ def _engine_step(engine: Any, batches: Batch) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
-def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Callable[[], list[torch.Tensor]], Any]:
-    import zerorun
-
+def zerorun_config(args, world: int) -> dict[str, Any]:
+    """The zerorun config of ``args.system`` (``zerorun-z<stage>[-variant]``): every knob but the stage at its default."""
     zero: dict[str, Any] = {"stage": int(args.system[len("zerorun-z")])}  # every other knob at its default ...
     if args.bucket is not None:  # ... unless the command line sets it
         zero["reduce_bucket_size"] = args.bucket
@@ -55,7 +54,17 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
     if args.system == "zerorun-z3-reshard":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
         cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=args.prefetch,
                                         stage3_max_live_parameters=4 * args.prefetch)
-    engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(model.parameters()), config=cfg)
+    return cfg
+
+
+def setup_zerorun(args, model, world: int, cfg: dict[str, Any] | None = None
+                  ) -> tuple[Step, Callable[[], int], Callable[[], list[torch.Tensor]], Any]:
+    """``cfg``: the config ``model`` was built under (``zero.Init``), else :func:`zerorun_config`'s."""
+    import zerorun
+
+    cfg = cfg or zerorun_config(args, world)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # frozen bases are not stepped
+    engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(trainable), config=cfg)
 
     def step(batches: Batch) -> torch.Tensor:
         return _engine_step(engine, batches)
@@ -68,7 +77,9 @@ def setup_zerorun(args, model, world: int) -> tuple[Step, Callable[[], int], Cal
         with zerorun.zero.GatheredParameters(list(model.parameters())):
             return [p.detach().clone() for p in model.parameters()]
 
-    return step, lambda: sum(engine.memory_breakdown().values()), full_params, comm_bytes
+    from zerorun.engine.figures import model_state_bytes
+
+    return step, lambda: model_state_bytes(engine.memory_breakdown()), full_params, comm_bytes
 
 
 def setup_torch(args, model, world: int):

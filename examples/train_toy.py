@@ -12,6 +12,7 @@ so the loss falls as the model learns T. Every rank sees its own rows of the glo
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,8 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
             window.append(loss.item())
+        if step == 0:
+            engine.reset_memory_peak()  # the peak of the steps that follow: set-up and first-step costs left out
         if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
             mean = sum(window) / len(window)
             # labelled as a mean: the engine's own progress line shows the last micro batch's loss
@@ -90,6 +93,23 @@ def main() -> None:
             window.clear()
     if rank == 0:
         print(f"memory per rank: {format_memory(engine.memory_breakdown())}", flush=True)
+    held = held_line(engine)
+    if rank == 0 and held:
+        print(held, flush=True)
+
+
+def held_line(engine: Any) -> str | None:
+    """What the worse rank held physically, against plain data parallel on this model (every rank calls it)."""
+    import torch.distributed as dist
+
+    from zerorun.autotune.hook import measured_facts
+    from zerorun.engine.physical_memory import physical_figures
+    from zerorun.estimate.measure import against_ddp
+
+    ranks: list[dict[str, int] | None] = [None] * engine.ctx.world_size
+    dist.all_gather_object(ranks, physical_figures(engine.device), group=engine.ctx.group)
+    return against_ddp({**measured_facts(engine), "physical_per_rank": ranks, "stage": engine.zero_stage,
+                        "world_size": engine.ctx.world_size, "num_parameters": engine.num_parameters()})
 
 
 if __name__ == "__main__":

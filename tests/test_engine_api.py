@@ -54,7 +54,8 @@ def test_loader_scheduler_and_training_in_one_process() -> None:
         engine.step()
     assert engine.global_steps == 10 and engine.get_lr() == [pytest.approx(0.1)]
     assert opt is engine.optimizer and len(opt.param_groups[0]["params"]) >= 1
-    assert set(engine.memory_breakdown()) == {"params", "gradients", "master_params", "optimizer_states", "buffers"}
+    assert set(engine.memory_breakdown()) == {"params", "gradients", "master_params", "optimizer_states", "buffers",
+                                              "host_rss", "host_peak_rss", "host_baseline_rss"}
 
 
 def test_param_groups_keep_their_settings_and_client_optimizer_callable() -> None:

@@ -36,6 +36,8 @@ def test_toy_example_two_ranks_zero2_bf16_loss_falls() -> None:
     losses = _losses(out)  # means over 5-step windows
     assert len(losses) == 6 and losses[-1] < 0.85 * losses[0], out
     assert "ZeRO stage 2, bf16" in out
+    last = out.strip().splitlines()[-1]  # what a rank held physically, against DDP on this model
+    assert re.search(r"peak [\d.]+ [KMG]iB per rank \(physical, stage 2\), DDP on this model: ~[\d.]+ [KMG]iB", last), out
 
 
 def test_gpt_example_config_from_environment_loss_falls() -> None:

@@ -8,7 +8,11 @@ for the CLI and the estimator.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
+
+if "torch" in sys.modules:  # the physical memory baseline: torch loaded, the script's model not built yet
+    from zerorun.engine import physical_memory as _physical_memory  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.collectives import KINDS
+from zerorun.engine.figures import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
 from zerorun.simulate_peak import measured, return_freed_memory
@@ -121,6 +122,12 @@ def _stage3_figures(engine: Any) -> tuple[int | None, int | None, int]:
     return coordinator.live_numel(), coordinator.stats.peak_live_numel, persistent
 
 
+def _bookkeeping(engine: Any) -> dict[str, int]:
+    """The model-state terms of ``memory_breakdown()`` (the physical figures are the phases' peaks)."""
+    memory = engine.memory_breakdown()
+    return {k: memory[k] for k in MEMORY_KEYS}
+
+
 def run(req: SimRequest) -> SimResult:
     """Set up and run ``req.steps`` steps as ``req.simulation.rank`` of ``req.simulation.world_size``."""
     import zerorun
@@ -155,7 +162,7 @@ def run(req: SimRequest) -> SimResult:
             world_size=sim.world_size, rank=sim.rank, device=sim.device, model=req.model.label,
             stage=engine.zero_stage, dtype=engine.precision.name, optimizer=_optimizer_name(cfg),
             psi=engine.num_parameters(), buckets=len(engine.parts.buckets), persistent_numel=persistent,
-            setup=setup, steps=steps, memory=engine.memory_breakdown(), forward_params=forward_params,
+            setup=setup, steps=steps, memory=_bookkeeping(engine), forward_params=forward_params,
             kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began)
 
 

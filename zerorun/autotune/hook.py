@@ -11,7 +11,9 @@ The result's ``facts`` tell the tuner what it cannot see from outside: the model
 hidden size (``config.hidden_size`` when the model has one, else the most common
 ``in_features`` of its ``nn.Linear`` layers, ties to the smaller), its parameter
 count, the world size and what ``peak_bytes`` measured (``cuda_max_allocated`` on a
-GPU, else ``model_state``: the engine's memory breakdown total).
+GPU, else ``model_state``: the engine's memory breakdown total), and for ``estimate
+--measure`` every rank's physical figures (peaks counted from the end of warm-up) and the
+largest bucket and parameter (the in-flight terms' sizes).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def guess_hidden_size(model: nn.Module) -> int | None:
 
 
 def _model_state_bytes(engine: Any) -> int:
-    return int(sum(engine.memory_breakdown().values()))
+    from zerorun.engine.figures import model_state_bytes  # the bookkeeping keys, not the physical ones
+
+    return model_state_bytes(engine.memory_breakdown())
 
 
 def measured_facts(engine: Any) -> dict[str, Any]:
@@ -77,6 +81,8 @@ def measured_facts(engine: Any) -> dict[str, Any]:
         "dtype": "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32",
         "optimizer": optimizer,
         "buckets": {k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
+        "largest_bucket": max((b.plan.padded_numel for b in engine.parts.buckets), default=0),
+        "largest_param": max((s.numel for b in engine.parts.buckets for s in b.plan.slots), default=0),
         "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
         "offload_param": str(getattr(zero.offload_param.device, "value", zero.offload_param.device)),
     }
@@ -114,10 +120,37 @@ def recorder_for(engine: Any) -> TrialRecorder | None:
         "stage": int(engine.zero_stage),
         "peak_kind": "cuda_max_allocated" if on_gpu else "model_state",
     }
-    recorder = TrialRecorder(
-        spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak, facts=facts,
-        held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
-        late_facts=lambda: measured_facts(engine), exit=_leave,
+    recorder = EngineTrial(
+        engine, spec, rank=engine.ctx.rank, samples_per_step=engine.train_batch_size(), peak_bytes=peak,
+        facts=facts, held_bytes=lambda: _model_state_bytes(engine), memory_cap=memory_cap(),
+        late_facts=lambda: {**measured_facts(engine), "physical_per_rank": recorder.physical_per_rank}, exit=_leave,
     )
     recorder.install_excepthook()
     return recorder
+
+
+class EngineTrial(TrialRecorder):
+    """A trial of a zerorun engine: the physical peak counts from the end of warm-up (set-up and the
+    first step's one-off allocations left out), and every rank's physical figures reach rank 0."""
+
+    def __init__(self, engine: Any, spec: TrialSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        self.engine = engine
+        self.physical_per_rank: list[dict[str, int]] = []
+
+    def step_done(self) -> bool:
+        if self.steps_done + 1 == self.spec.warmup:  # this step ends the warm-up
+            self.engine.reset_memory_peak()
+        return super().step_done()
+
+    def finish(self) -> None:
+        from zerorun.engine.physical_memory import physical_figures
+
+        mine = physical_figures(self.engine.device)
+        ranks: list[Any] = [None] * int(self.engine.ctx.world_size)
+        if len(ranks) > 1:  # every rank calls finish: one gather, rank 0 writes
+            torch.distributed.all_gather_object(ranks, mine, group=self.engine.ctx.group)
+        else:
+            ranks = [mine]
+        self.physical_per_rank = ranks
+        super().finish()

@@ -3,7 +3,8 @@
 The script runs unchanged, for a few optimizer steps, through the same trial
 mechanism ``autotune`` uses (one launcher run with the ``ZERORUN_TRIAL_*``
 variables; the engine writes its figures and exits after the steps). Then the
-estimate for the config the engine really ran is printed next to what it held.
+estimate for the config the engine really ran is printed next to what the worse rank
+held physically at its peak, and next to the engine's own bookkeeping, term by term.
 """
 
 from __future__ import annotations
@@ -45,27 +46,38 @@ def run_measurement(command: str, ranks: int, config: Path | None, steps: int,
 
 
 def print_measurement(facts: dict[str, Any], as_json: bool) -> None:
-    """The side-by-side table (or JSON) of estimated and measured bytes per term."""
+    """The estimate against the worse rank's physical peak, then the engine's bookkeeping per term (or JSON)."""
     from zerorun.estimate.counts import human_bytes
     from zerorun.estimate.measure import compare
 
-    rows, notes = compare(facts)
+    rows, physical, notes = compare(facts)
     if as_json:
         print(json.dumps({"measured": {k: facts[k] for k in ("stage", "world_size", "num_parameters", "dtype",
                                                               "optimizer")},
+                          "physical": None if physical is None else physical.to_json(),
                           "terms": [r.to_json() for r in rows], "notes": notes}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
     table = Table(title=f"stage {facts['stage']}, {facts['world_size']} rank(s), {facts['num_parameters']:,} "
                         f"parameters, {facts['dtype']}, {facts['optimizer']}: bytes per rank")
-    for name in ("term", "estimated", "measured", "measured/estimated"):
+    for name in ("term", "estimate", "physical", "ratio", "bookkeeping", "ratio "):
         table.add_column(name, justify="left" if name == "term" else "right", no_wrap=True)
     for r in rows:
-        table.add_row(r.term, human_bytes(r.estimated), human_bytes(r.measured), "-" if r.ratio is None else f"{r.ratio:.3f}")
+        total = r.term == "total" and physical is not None
+        table.add_row(r.term, human_bytes(r.estimated),
+                      human_bytes(physical.peak) if total else "-",  # type: ignore[union-attr]
+                      ratio(physical.ratio) if total else "-",  # type: ignore[union-attr]
+                      "-" if r.term == "in_flight" else human_bytes(r.measured),
+                      "-" if r.term == "in_flight" else ratio(r.ratio))
     console = Console(highlight=False)
     console.print(table)
+    if physical is not None:
+        console.print(f"physical: the peak of the worse rank (rank {physical.worst_rank}: {physical.kind}); "
+                      "ratio = measured / estimate", markup=False)
     for note in notes:
         console.print(f"note: {note}", markup=False)
-

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from zerorun.autotune.hook import recorder_for
-from zerorun.engine import figures, loss_scaler
+from zerorun.engine import figures, loss_scaler, physical_memory
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
@@ -212,13 +212,21 @@ class Engine(DeepSpeedSurface, HfSurface):
 
     # ---- figures ------------------------------------------------------------------------------
     def memory_breakdown(self) -> dict[str, int]:
-        """Bytes of model state this rank holds; see :mod:`zerorun.engine.figures` for each key."""
+        """Bytes of model state this rank holds, then what the process holds physically (its peak since
+        :meth:`reset_memory_peak`); see :mod:`zerorun.engine.figures` for each key."""
         parts = self.parts
         grads, buffers = parts.grad_sync.held_bytes()
         # stage 3 also shards the parameters the optimizer does not step (frozen buckets)
         params = sum(b.held_bytes() for b in [*parts.buckets, *getattr(parts, "frozen", ())])
-        return figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
-                                        optimizer_state_bytes(self.optimizer), buffers)
+        return {**figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
+                                           optimizer_state_bytes(self.optimizer), buffers),
+                **physical_memory.physical_figures(self.device)}
+
+    def reset_memory_peak(self) -> bool:
+        """Start a new physical peak window for ``memory_breakdown()`` (host high-water mark, CUDA peaks).
+
+        False where the host peak cannot be reset here (no writable ``/proc/self/clear_refs``)."""
+        return physical_memory.reset_peak(self.device)
 
     def comm_stats(self) -> dict[str, dict[str, int | str]]:
         """Calls, bytes and elements per collective kind since the engine started."""

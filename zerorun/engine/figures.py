@@ -11,6 +11,11 @@ Tests, the benchmark, ``estimate`` and ``autotune`` read these same numbers.
     (0 with fp32 compute, where the master is the parameter buffer itself);
   * ``optimizer_states``: the optimizer's state tensors (e.g. Adam's two moments);
   * ``buffers``: communication buffers (stage-2/3 gradient staging buckets).
+
+The engine's ``memory_breakdown()`` adds the physical keys of
+:mod:`zerorun.engine.physical_memory` (``host_rss``, ``host_peak_rss``, ``host_baseline_rss``;
+``device_peak_*`` on CUDA): what the process really holds, beside what the engine counts.
+Sum only :data:`MEMORY_KEYS` (:func:`model_state_bytes`) for the bookkeeping total.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ import time
 from dataclasses import dataclass, field
 
 MEMORY_KEYS = ("params", "gradients", "master_params", "optimizer_states", "buffers")
+
+
+def model_state_bytes(breakdown: dict[str, int]) -> int:
+    """The bookkeeping total of a breakdown: the five model-state keys, never the physical ones."""
+    return sum(int(breakdown.get(key, 0)) for key in MEMORY_KEYS)
 
 
 def memory_breakdown(params: int, gradients: int, master_params: int, optimizer_states: int,
@@ -82,8 +92,12 @@ def format_progress(step: int, loss: float | None, lr: list[float], rates: dict[
 
 
 def format_memory(breakdown: dict[str, int]) -> str:
-    """``memory_breakdown()`` for people: ``params 1.50 MiB | gradients ... | total 6.00 MiB``."""
+    """``memory_breakdown()`` for people: ``params 1.50 MiB | gradients ... | total 6.00 MiB``,
+    then the physical figures when present (``| host_peak_rss 1.20 GiB | ...``)."""
+    from zerorun.engine.physical_memory import PHYSICAL_KEYS
     from zerorun.estimate.counts import human_bytes
 
-    parts = [f"{key} {human_bytes(value)}" for key, value in breakdown.items()]
-    return " | ".join([*parts, f"total {human_bytes(sum(breakdown.values()))}"])
+    kept = {key: value for key, value in breakdown.items() if key not in PHYSICAL_KEYS}
+    parts = [f"{key} {human_bytes(value)}" for key, value in kept.items()]
+    physical = [f"{key} {human_bytes(breakdown[key])}" for key in PHYSICAL_KEYS if key in breakdown]
+    return " | ".join([*parts, f"total {human_bytes(sum(kept.values()))}", *physical])

@@ -10,6 +10,8 @@ from __future__ import annotations
 from zerorun.estimate.activations import ActivationPolicy, activation_bytes, layer_activation_bytes
 from zerorun.estimate.buffers import Buckets, buffer_terms
 from zerorun.estimate.counts import GB, CountError, GiB, gib, parse_bytes, parse_gpu_memory, parse_param_count
+from zerorun.estimate.floor import Floor, physical_floor
+from zerorun.estimate.in_flight import InFlight, StepSizes, in_flight
 from zerorun.estimate.memory_model import (
     DEFAULT_OVERHEAD,
     FIT_HEADROOM,
@@ -44,5 +46,6 @@ __all__ = [
     "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
     "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
     "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes", "parse_gpu_memory",
-    "parse_param_count", "placements", "recommend", "shape_from_hf_config",
+    "parse_param_count", "placements", "recommend", "shape_from_hf_config", "Floor", "physical_floor", "InFlight",
+    "StepSizes", "in_flight",
 ]

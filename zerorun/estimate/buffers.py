@@ -4,8 +4,8 @@ Stages 0-1 reduce each gradient bucket in place (the gradient buffers are the
 communication buffers) and all-gather parameters in place, so they hold no extra
 buffer; ``allgather_bucket_size`` therefore costs nothing here (DeepSpeed allocates
 one). Stage 2 reduce-scatters through staging buffers of one bucket each
-(``reduce_bucket_size``, never smaller than the largest parameter, never larger than
-the model), two of them with ``overlap_comm``: one in flight while the next fills.
+(``reduce_bucket_size`` at most 2^21 elements, never smaller than the largest parameter,
+never larger than the model), two of them with ``overlap_comm``: one in flight while the next fills.
 Stage 3 adds the gathered parameters at their peak: the unit running now, what is
 prefetched and what forward keeps gathered for backward (``stage3_max_reuse_distance``,
 at most ``stage3_max_live_parameters``: :mod:`zerorun.estimate.stage3_window`), that unit's full gradient before it is
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zerorun.estimate.in_flight import StepSizes
 from zerorun.estimate.model_states import Placement, Training
 from zerorun.estimate.shape import ModelShape
 from zerorun.estimate.stage3_window import WindowPolicy, decoder_window
@@ -53,28 +54,54 @@ def window_policy(buckets: Buckets) -> WindowPolicy:
                         buckets.stage3_prefetch_bucket_size, buckets.stage3_param_persistence_threshold)
 
 
-def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | None) -> int:
-    """Elements of the largest bucket: the bucket size, or one parameter that is larger, capped by Ψ."""
+# Stages 0-2 lay buckets out at most this large (zerorun.engine.buckets.MAX_BUCKET_NUMEL, mirrored here
+# so the estimate needs no torch; a test holds the two equal).
+MAX_BUCKET_NUMEL = 2**21
+
+
+def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | None, stage: int = 2) -> int:
+    """Elements of the largest bucket: the layout's bucket size (``reduce_bucket_size``, at most
+    :data:`MAX_BUCKET_NUMEL` at stages 0-2), or one parameter that is larger, capped by Ψ. At
+    stage 3 a bucket is one module, so with the shape known it is the largest parameter's module."""
     largest_param = max(shape.embedding_params(), shape.hidden * shape.ffn_size) if shape else 0
-    return min(training.params, max(buckets.reduce_bucket_size, largest_param))
+    if stage == 3:  # without the shape the unit is unknown: the bucket size bounds it
+        layout = 0 if shape else buckets.reduce_bucket_size
+    else:
+        layout = min(buckets.reduce_bucket_size, MAX_BUCKET_NUMEL)
+    return min(training.params, max(layout, largest_param))
+
+
+def stage3_gathered(training: Training, buckets: Buckets, unit: int, shape: ModelShape | None = None) -> int:
+    """Elements stage 3 holds gathered at its peak: the largest unit plus the prefetch window,
+    at most ``stage3_max_live_parameters`` (the running unit counts regardless), at most Ψ; with
+    the shape known, what the coordinator really keeps (the reuse window into backward too)."""
+    window = min(buckets.stage3_max_live_parameters, unit + buckets.stage3_prefetch_bucket_size)
+    if shape:
+        window = decoder_window(shape, training.world_size, window_policy(buckets)).peak_live_numel
+    return min(training.params, max(unit, window))
+
+
+def step_sizes(training: Training, placement: Placement, buckets: Buckets, shape: ModelShape | None) -> StepSizes:
+    """The element counts of :mod:`zerorun.estimate.in_flight` for the engine at these bucket settings."""
+    overlap = placement.stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
+    unit = min(shape.largest_unit(), training.params) if shape else 0
+    return StepSizes(unit=unit, bucket=largest_bucket(training, buckets, shape, placement.stage),
+                     gathered=stage3_gathered(training, buckets, unit, shape) if placement.stage == 3 else 0,
+                     staging_buffers=2 if overlap else 1)
 
 
 def buffer_terms(
     training: Training, placement: Placement, buckets: Buckets, shape: ModelShape | None
 ) -> dict[str, int]:
     """Bytes of each communication buffer one rank holds during a step."""
-    psi, nbytes = training.params, training.dtype.nbytes
+    nbytes = training.dtype.nbytes
     if placement.stage < 2:
         return {}
-    overlap = placement.stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
-    terms = {"reduce_staging": largest_bucket(training, buckets, shape) * nbytes * (2 if overlap else 1)}
+    sizes = step_sizes(training, placement, buckets, shape)
+    terms = {"reduce_staging": sizes.bucket * nbytes * sizes.staging_buffers}
     if placement.stage == 3:
-        unit = min(shape.largest_unit(), psi) if shape else 0
-        window = min(buckets.stage3_max_live_parameters, unit + buckets.stage3_prefetch_bucket_size)
-        if shape:  # what the coordinator really keeps: the reuse window into backward, prefetch, the unit
-            window = decoder_window(shape, training.world_size, window_policy(buckets)).peak_live_numel
-        terms["gathered_params"] = min(psi, max(unit, window)) * nbytes
-        terms["unit_gradients"] = unit * nbytes
+        terms["gathered_params"] = sizes.gathered * nbytes
+        terms["unit_gradients"] = sizes.unit * nbytes
         if shape and shape.hidden <= buckets.stage3_param_persistence_threshold:
             terms["persistent_params"] = (2 * shape.layers + 1) * shape.hidden * nbytes  # the norms
     return terms

@@ -1,10 +1,16 @@
-"""Estimated against measured, term by term: what ``zerorun estimate --measure`` prints.
+"""Estimated against measured: what ``zerorun estimate --measure`` prints.
 
 The measurement is a short run of the user's script under the bundled engine (the
 autotune trial mechanism: ``ZERORUN_TRIAL_*`` variables, a JSON result); its
-``facts`` carry ``engine.memory_breakdown()`` after the steps and the config the
-engine really ran. The estimate here is computed for that same config, so any
-ratio far from 1 is the estimate's error, not a different setup.
+``facts`` carry ``engine.memory_breakdown()`` after the steps, every rank's physical
+figures (peaks counted from the end of warm-up), the largest bucket and parameter, and
+the config the engine really ran. The estimate here is computed for that same config,
+so any ratio far from 1 is the estimate's error, not a different setup.
+
+The figure that counts is the physical peak of the worse rank (the CUDA allocator's peak
+on a GPU; on the CPU the RSS high-water mark less the resident set when zerorun was
+imported) against the estimate's model states plus what a step holds in flight. The
+engine's bookkeeping stays beside it, term by term.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerorun.estimate.buffers import Buckets, buffer_terms
+from zerorun.estimate.buffers import Buckets, stage3_gathered
+from zerorun.estimate.in_flight import StepSizes, in_flight
 from zerorun.estimate.model_states import Dtype, Offload, Optimizer, Placement, Training, engine_breakdown
 
 TERMS = ("params", "gradients", "master_params", "optimizer_states", "buffers")
@@ -22,7 +29,7 @@ _OPTIMIZERS = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW, "sgd": Optimize
 
 @dataclass(frozen=True)
 class Comparison:
-    """One term: the estimate, the engine's figure and measured / estimated."""
+    """One term: the estimate, the engine's bookkeeping figure and bookkeeping / estimated."""
 
     term: str
     estimated: int
@@ -37,8 +44,52 @@ class Comparison:
                 "ratio": self.ratio}
 
 
-def compare(facts: dict[str, Any]) -> tuple[list[Comparison], list[str]]:
-    """The per-term comparison for a trial's facts, and notes on what was assumed."""
+@dataclass(frozen=True)
+class PhysicalPeak:
+    """The worse rank's physical peak against the estimated total."""
+
+    kind: str  # what was read: "device_peak_allocated" or "host_peak_rss - host_baseline_rss"
+    per_rank: list[int]
+    estimated: int
+
+    @property
+    def peak(self) -> int:
+        return max(self.per_rank)
+
+    @property
+    def worst_rank(self) -> int:
+        return self.per_rank.index(self.peak)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.estimated == 0 else self.peak / self.estimated
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "per_rank_bytes": self.per_rank, "worst_rank": self.worst_rank,
+                "peak_bytes": self.peak, "estimated_bytes": self.estimated, "ratio": self.ratio}
+
+
+def step_peak(figures: dict[str, int]) -> tuple[str, int] | None:
+    """What a rank held at its peak, from its physical figures: the CUDA allocator's peak on a GPU,
+    else the host high-water mark less the baseline. None when neither is known."""
+    if "device_peak_allocated" in figures:
+        return "device_peak_allocated", int(figures["device_peak_allocated"])
+    if "host_peak_rss" in figures:
+        return "host_peak_rss - host_baseline_rss", int(figures["host_peak_rss"] - figures["host_baseline_rss"])
+    return None
+
+
+def _sizes(facts: dict[str, Any], training: Training, stage: int, buckets: Buckets) -> StepSizes:
+    """The in-flight sizes of the engine that ran: its largest bucket (a stage-3 unit) and parameter."""
+    bucket = int(facts.get("largest_bucket") or 0)
+    unit = bucket if stage == 3 else int(facts.get("largest_param") or 0)
+    overlap = stage == 3 if buckets.overlap_comm is None else buckets.overlap_comm
+    return StepSizes(unit=unit, bucket=bucket, staging_buffers=2 if overlap else 1,
+                     gathered=stage3_gathered(training, buckets, unit) if stage == 3 else 0)
+
+
+def compare(facts: dict[str, Any]) -> tuple[list[Comparison], PhysicalPeak | None, list[str]]:
+    """The per-term comparison for a trial's facts, the physical peak against the estimate, and notes."""
     notes = []
     stage, world, psi = int(facts["stage"]), int(facts["world_size"]), int(facts["num_parameters"])
     optimizer = _OPTIMIZERS.get(str(facts.get("optimizer")))
@@ -49,11 +100,36 @@ def compare(facts: dict[str, Any]) -> tuple[list[Comparison], list[str]]:
     known = set(Buckets.__dataclass_fields__)
     buckets = Buckets(**{k: v for k, v in (facts.get("buckets") or {}).items() if k in known})
     placement = Placement(stage, Offload(facts.get("offload_optimizer", "none")), Offload(facts.get("offload_param", "none")))
-    buffers = sum(buffer_terms(Training(psi, world, dtype, optimizer), placement, buckets, None).values())
-    estimated = engine_breakdown(stage, dtype, optimizer, world, psi, buffers=buffers)
+    training = Training(psi, world, dtype, optimizer)
+    flight = in_flight(training, placement, _sizes(facts, training, stage, buckets))
+    estimated = engine_breakdown(stage, dtype, optimizer, world, psi, buffers=sum(flight.held.values()))
     measured = facts["memory_breakdown"]
     if stage == 3:
-        notes.append("stage 3: parameters gathered when the steps ended are part of the measured params")
+        notes.append("stage 3: parameters gathered when the steps ended are part of the bookkeeping params")
     rows = [Comparison(term, int(estimated[term]), int(measured.get(term, 0))) for term in TERMS]
+    rows.append(Comparison("in_flight", flight.peak - sum(flight.held.values()), 0))  # the engine does not count it
     rows.append(Comparison("total", sum(r.estimated for r in rows), sum(r.measured for r in rows)))
-    return rows, notes
+    peaks = [step_peak(figures) for figures in facts.get("physical_per_rank") or []]
+    if not peaks or None in peaks:
+        notes.append("no physical figures on this platform: only the bookkeeping is compared")
+        return rows, None, notes
+    physical = PhysicalPeak(peaks[0][0], [p[1] for p in peaks], rows[-1].estimated)  # type: ignore[index]
+    if physical.kind.startswith("host"):
+        notes.append("physical (CPU): the RSS high-water mark after warm-up less the RSS when zerorun was imported; "
+                     "it also holds the script's data, activations and libraries loaded later (not estimated here)")
+    return rows, physical, notes
+
+
+def against_ddp(facts: dict[str, Any]) -> str | None:
+    """One line for the end of a run: what the worse rank held physically, and the estimate of plain
+    data parallel on the same model (this run's peak with DDP's model states and in-flight terms in
+    place of this stage's: same runtime, same data). None without physical figures."""
+    from zerorun.estimate.counts import human_bytes
+
+    rows, physical, _ = compare(facts)
+    if physical is None:
+        return None
+    ddp, _, _ = compare({**facts, "stage": 0, "offload_optimizer": "none", "offload_param": "none"})
+    ddp_peak = physical.peak - rows[-1].estimated + ddp[-1].estimated
+    return (f"peak {human_bytes(physical.peak)} per rank (physical, stage {facts['stage']}), "
+            f"DDP on this model: ~{human_bytes(ddp_peak)} (estimate)")

@@ -1,7 +1,8 @@
 """The whole estimate: every stage and offload variant, term by term, and a recommendation.
 
-Per GPU: model states (see ``model_states``), communication buffers (``buffers``),
-activations (``activations``, when the shape is known) and a fixed overhead for the
+Per GPU: model states (see ``model_states``), communication buffers (``buffers``), what a
+step holds in flight besides them (``in_flight``: a unit's gradients, the optimizer's
+temporaries for one bucket), activations (``activations``, when the shape is known) and a fixed overhead for the
 CUDA context, NCCL and the caching allocator. Per node: what offload moved to host
 memory or to NVMe, for all of the node's GPUs.
 """
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zerorun.estimate.activations import ActivationPolicy, activation_bytes
-from zerorun.estimate.buffers import Buckets, buffer_terms
+from zerorun.estimate.buffers import Buckets, buffer_terms, step_sizes
 from zerorun.estimate.counts import GiB, gib
+from zerorun.estimate.in_flight import in_flight
 from zerorun.estimate.model_states import (
     PAPER_REFERENCE,
     Offload,
@@ -38,7 +40,8 @@ def usable_bytes(gpu_memory: int, headroom: float = FIT_HEADROOM) -> int:
     return int(gpu_memory * (1 - headroom))
 
 
-GPU_TERMS = ("params", "gradients", "optimizer_states", "grad_accum", "buffers", "activations", "overhead")
+GPU_TERMS = ("params", "gradients", "optimizer_states", "grad_accum", "buffers", "in_flight", "activations",
+             "overhead")
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,12 @@ def estimate_row(request: EstimateRequest, placement: Placement) -> Row:
         if request.shape
         else 0
     )
-    gpu = {**states.gpu, "buffers": sum(detail.values()), "activations": activations, "overhead": request.overhead}
+    flight = in_flight(request.training, placement, step_sizes(request.training, placement, request.buckets,
+                                                               request.shape))
+    # ``buffers`` already holds the staging and stage 3's backward transients: count the rest once
+    counted = sum(detail.values()) - detail.get("persistent_params", 0)
+    gpu = {**states.gpu, "buffers": sum(detail.values()), "in_flight": max(0, flight.peak - counted),
+           "activations": activations, "overhead": request.overhead}
     total = sum(gpu.values())
     return Row(
         placement=placement,

@@ -10,7 +10,7 @@ from zerorun.estimate.memory_model import GPU_TERMS, Estimate
 
 COLOURS = {
     "params": "#4c72b0", "gradients": "#55a868", "optimizer_states": "#dd8452", "grad_accum": "#c44e52",
-    "buffers": "#8172b3", "activations": "#da8bc3", "overhead": "#8c8c8c",
+    "buffers": "#8172b3", "in_flight": "#64b5cd", "activations": "#da8bc3", "overhead": "#8c8c8c",
 }
 
 

@@ -21,6 +21,7 @@ TERMS: dict[str, tuple[str, str, str]] = {
     "optimizer_states": ("optim", "▒", "yellow"),
     "grad_accum": ("f32grad", "░", "dark_orange"),
     "buffers": ("buf", "≡", "magenta"),
+    "in_flight": ("flight", "~", "cyan"),
     "activations": ("activ", "#", "red"),
     "overhead": ("overhead", "·", "grey50"),
 }

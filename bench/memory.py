@@ -1,0 +1,311 @@
+"""The memory benchmark: each system's per-rank training-step peak, physically, against its floor.
+
+    python bench/memory.py                                   # world 2, issue 19's 101.7M-parameter MLP
+    python bench/memory.py --small --world 4                 # a quick check
+    python bench/memory.py --ds-python /work/venv-peers/bin/python --json memory.json
+
+Every system trains the same model (bench/common.py's residual MLP; by default hidden 1024,
+12 blocks, 101.7M parameters, fp32, AdamW) on the same data (micro batch 8), one system per
+torchrun job on gloo, one job at a time. Per rank the peak is the kernel's RSS high-water
+mark (``VmHWM``) over the training steps, reset when set-up ends (after ``malloc_trim(0)``,
+by writing ``5`` to ``/proc/self/clear_refs``), less the RSS right after ``import torch``;
+the worse rank counts. The floor is :func:`zerorun.estimate.floor.physical_floor` for the
+system's stage (DDP: stage 0, FSDP2: stage 3), with the block as the unit; the activations
+(a few MiB here) are counted in it.
+
+Systems: torch-ddp, torch-fsdp2, zerorun-z0..z3, zerorun-z3-init (built under ``zero.Init``),
+zerorun-z3-ckpt (each block under non-reentrant activation checkpointing), zerorun-z3-lora
+(frozen bases, rank-8 adapters on every Linear of the blocks), and ds-z0..z3 (DeepSpeed,
+run by ``--ds-python`` with DS_ACCELERATOR=cpu; ds-z3 by default).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch  # first: the baseline is the resident set right after it
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+
+
+def _load_meter():
+    """zerorun's physical meter, loaded from its file: DeepSpeed's interpreter has no zerorun
+    installed, and the file needs only torch. Its baseline is taken now, just after ``import torch``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_physical_memory",
+                                                  os.path.join(_ROOT, "zerorun", "engine", "physical_memory.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+METER = _load_meter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, _HERE)
+import common as C  # noqa: E402
+
+RESULT_PREFIX = "MEMBENCH_RESULT "
+MiB = 2**20
+LORA_RANK = 8
+SYSTEMS = ("torch-ddp", "torch-fsdp2", "zerorun-z0", "zerorun-z1", "zerorun-z2", "zerorun-z3", "zerorun-z3-init",
+           "zerorun-z3-ckpt", "zerorun-z3-lora")
+DS_SYSTEMS = ("ds-z3",)
+
+
+# ---- the model variants --------------------------------------------------------------------
+class CheckpointedMLP(C.ResMLP):
+    """The same MLP, each block recomputed in backward (torch's non-reentrant checkpointing)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False)
+        return self.head(x)
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear plus a trainable low-rank update (B starts at zero: the base's output at first)."""
+
+    def __init__(self, base: nn.Linear, rank: int) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.down = nn.Linear(base.in_features, rank, bias=False)
+        self.up = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.up(self.down(x))
+
+
+def build(system: str, args: argparse.Namespace) -> nn.Module:
+    """The system's model: the benchmark MLP (same seed, same weights), checkpointed or with adapters."""
+    if system.endswith("-ckpt"):
+        torch.manual_seed(args.seed)
+        return CheckpointedMLP(args.hidden, args.layers, args.ffn_mult)
+    model = C.build_model(args)
+    if system.endswith("-lora"):
+        torch.manual_seed(args.seed + 1)
+        for block in model.blocks:
+            block.fc1, block.fc2 = LoRALinear(block.fc1, LORA_RANK), LoRALinear(block.fc2, LORA_RANK)
+    return model
+
+
+# ---- one system on every rank of a torchrun job --------------------------------------------
+def _setup(system: str, args: argparse.Namespace, world: int):
+    import run_system as R
+
+    args.system = system
+    if system.startswith("ds-"):
+        return R.setup_deepspeed(args, build(system, args), world)[0]
+    if system.startswith("torch-"):
+        return R.setup_torch(args, build(system, args), world)[0]
+    cfg = R.zerorun_config(args, world)
+    if system.endswith("-init"):
+        import zerorun
+
+        with zerorun.zero.Init(config=cfg):
+            model = build(system, args)
+        return R.setup_zerorun(args, model, world, cfg)[0]
+    return R.setup_zerorun(args, build(system, args), world, cfg)[0]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Set up, reset the peak, train ``--steps`` steps; rank 0 prints every rank's figures."""
+    cpu = torch.device("cpu")
+    baseline = METER.physical_figures(cpu)["host_baseline_rss"]
+    if args.worker.startswith("ds-"):
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+    else:
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(args.threads)
+    step = _setup(args.worker, args, world)
+    batches = [[C.get_batch(args, s, rank, world)] for s in range(args.steps)]  # made before the reset
+    setup_peak = METER.physical_figures(cpu)["host_peak_rss"]
+    reset = METER.reset_peak(cpu)
+    after_setup = METER.physical_figures(cpu)["host_rss"]
+    losses = [float(step(b)) for b in batches]
+    end = METER.physical_figures(cpu)
+    local = torch.tensor([end["host_peak_rss"] - baseline, baseline, after_setup, end["host_rss"], setup_peak,
+                          float(reset)], dtype=torch.float64)
+    gathered = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    if rank == 0:
+        rows = torch.stack(gathered).tolist()
+        print(RESULT_PREFIX + json.dumps({
+            "system": args.worker, "world": world, "losses": losses,
+            "peak_bytes_per_rank": [int(r[0]) for r in rows], "baseline_rss_per_rank": [int(r[1]) for r in rows],
+            "rss_after_setup_per_rank": [int(r[2]) for r in rows], "rss_end_per_rank": [int(r[3]) for r in rows],
+            "setup_peak_rss_per_rank": [int(r[4]) for r in rows], "peak_was_reset": all(r[5] for r in rows)}),
+            flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ---- the driver: one job per system, then the table ----------------------------------------
+@dataclass(frozen=True)
+class ModelFacts:
+    """The element counts the floor needs, from the model's shape."""
+
+    trainable: int
+    frozen: int
+    unit: int  # trainable elements of one block
+    gathered_unit: int  # all elements of one block
+    largest_param: int
+    activations: int  # bytes of saved activations per rank (fp32)
+
+
+def model_facts(system: str, args: argparse.Namespace, world: int) -> ModelFacts:
+    h, f = args.hidden, args.ffn_mult * args.hidden
+    block = (h * f + f) + (f * h + h)
+    head = h * h + h
+    adapters = LORA_RANK * (h + f) * 2  # fc1's and fc2's down and up projections
+    mb = args.global_batch // world
+    # per block fc1 keeps its input (h), GELU its input (f), fc2 its input (f): fp32, the micro batch's rows
+    per_block = mb * (h + 2 * f) * 4
+    kept = args.layers * mb * h * 4 + per_block if system.endswith("-ckpt") else args.layers * per_block
+    lora = system.endswith("-lora")
+    return ModelFacts(trainable=args.layers * adapters + head if lora else args.layers * block + head,
+                      frozen=args.layers * block if lora else 0, unit=adapters if lora else block,
+                      gathered_unit=block + (adapters if lora else 0), largest_param=h * f,
+                      activations=kept + mb * h * 4)
+
+
+def stage_of(system: str) -> int:
+    if system == "torch-ddp":
+        return 0
+    if system == "torch-fsdp2":
+        return 3
+    return int(system.split("-z")[1][0])
+
+
+def floor_bytes(system: str, args: argparse.Namespace, world: int) -> int:
+    """The system's physical floor (the same arithmetic as ``zerorun estimate``)."""
+    sys.path.insert(0, _ROOT)
+    from zerorun.estimate import Dtype, Optimizer, Training
+    from zerorun.estimate.floor import physical_floor
+
+    m = model_facts(system, args, world)
+    training = Training(m.trainable, world, Dtype.FP32, Optimizer.ADAMW)
+    return physical_floor(training, stage_of(system), unit=m.unit, gathered_unit=m.gathered_unit,
+                          bucket=m.largest_param, frozen_params=m.frozen, activations=m.activations).total
+
+
+def run_system(system: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One torchrun job of ``system`` on ``--world`` local ranks; its rank 0's result line."""
+    python = args.ds_python if system.startswith("ds-") else sys.executable
+    forwarded = ["--hidden", str(args.hidden), "--layers", str(args.layers), "--ffn-mult", str(args.ffn_mult),
+                 "--global-batch", str(args.global_batch), "--steps", str(args.steps), "--seed", str(args.seed),
+                 "--threads", str(args.threads)]
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.world),
+           os.path.abspath(__file__), "--worker", system, *forwarded]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "DS_ACCELERATOR": "cpu",
+           "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
+    if system.startswith("ds-"):
+        env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # DeepSpeed's interpreter: no zerorun on its path
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
+    if done.returncode != 0 or line is None:
+        out = (done.stdout + done.stderr).splitlines()
+        # the first lines that say what broke, then torchrun's summary
+        said = [ln for ln in out if any(k in ln for k in ("Error", "error:", "terminate called", "Abort"))][:8]
+        print(f"error: {system} failed (exit {done.returncode}):\n" + "\n".join(said + out[-12:]),
+              file=sys.stderr, flush=True)
+        return {"system": system, "error": f"exit {done.returncode}"}
+    return json.loads(line[len(RESULT_PREFIX):])
+
+
+def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Markdown: peak (worse rank), floor, peak / floor, and peak / DDP's peak on the same model."""
+    ddp = next((r["peak_mib"] for r in results if r["system"] == "torch-ddp" and "error" not in r), None)
+    lines = ["| system | stage | peak MiB (worse rank) | floor MiB | peak / floor | peak / DDP |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['system']} | {r['stage']} | failed ({r['error']}) | {r['floor_mib']:.0f} | - | - |")
+            continue
+        vs = "-" if ddp is None or r["system"].endswith("-lora") else f"{r['peak_mib'] / ddp:.2f}"
+        lines.append(f"| {r['system']} | {r['stage']} | {r['peak_mib']:.0f} | {r['floor_mib']:.0f} | "
+                     f"{r['peak_over_floor']:.2f} | {vs} |")
+    n = sum(p.numel() for p in C.build_model(args).parameters())
+    lines.append(f"\n{n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} blocks), fp32, AdamW, "
+                 f"world {args.world} on gloo, micro batch {args.global_batch // args.world}, {args.steps} steps; "
+                 "peak: VmHWM after a reset at the end of set-up, less RSS after `import torch`; "
+                 "LoRA: frozen bases, not comparable with DDP on the full model")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, default=2, choices=(2, 3, 4))
+    p.add_argument("--small", action="store_true", help="hidden 256, 4 blocks (2.2M parameters): a quick check")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--ffn-mult", type=int, default=4)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=0, help=argparse.SUPPRESS)  # set from the micro batch
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1, help="threads per rank")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated; ds-* need --ds-python")
+    p.add_argument("--ds-python", default=None, help="an interpreter with deepspeed: adds " + ", ".join(DS_SYSTEMS))
+    p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON (- for stdout)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per system")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.small:
+        args.hidden, args.layers = 256, 4
+    if not args.global_batch:
+        args.global_batch = args.micro_batch * args.world
+    # run_system's zerorun and torch set-up read these
+    args.gas, args.bucket, args.overlap, args.prefetch = 1, None, None, 2_200_000
+    return args
+
+
+def main() -> None:
+    args = parse()
+    if args.worker:
+        worker(args)
+        return
+    systems = [s for s in args.systems.split(",") if s]
+    if args.ds_python:
+        systems += [s for s in DS_SYSTEMS if s not in systems]
+    if any(s.startswith("ds-") for s in systems) and not args.ds_python:
+        raise SystemExit("error: ds-* systems need DeepSpeed's interpreter\nhint: pass --ds-python /path/to/python")
+    results = []
+    for system in systems:
+        print(f"running {system} on {args.world} ranks ...", file=sys.stderr, flush=True)
+        raw = run_system(system, args)  # a failed system is a row of the table, not the end of the run
+        floor = floor_bytes(system, args, args.world)
+        row = {**raw, "stage": stage_of(system), "floor_mib": floor / MiB}
+        if "error" not in raw:
+            peak = max(raw["peak_bytes_per_rank"])  # the worse rank counts
+            row.update(peak_mib=peak / MiB, peak_over_floor=peak / floor)
+        results.append(row)
+    print(table(results, args))
+    if args.json == "-":
+        print(json.dumps(results, indent=2))
+    elif args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    if any("error" in r for r in results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""The in-flight terms of a step and a stage's physical floor: the arithmetic, term by term.
+
+The model is issue 19's: 12 blocks of Linear(1024, 4096) + Linear(4096, 1024) and a
+Linear(1024, 1024) head, fp32, AdamW, world 2; its floors are the issue's table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zerorun.estimate import (
+    Buckets,
+    Dtype,
+    EstimateRequest,
+    ModelShape,
+    Optimizer,
+    Placement,
+    Training,
+    estimate_row,
+)
+from zerorun.estimate.buffers import MAX_BUCKET_NUMEL
+from zerorun.estimate.floor import frozen_bytes, physical_floor
+from zerorun.estimate.in_flight import StepSizes, in_flight, optimizer_temporaries
+
+MiB = 2**20
+H = 1024
+UNIT = (H * 4 * H + 4 * H) + (4 * H * H + H)  # one block: 8,393,728
+PSI = 12 * UNIT + H * H + H  # 101,774,336
+LARGEST_PARAM = 4 * H * H
+FP32 = Training(PSI, 2, Dtype.FP32, Optimizer.ADAMW)
+
+
+def test_the_floors_of_the_issue_table() -> None:
+    floors = {s: physical_floor(FP32, s, unit=UNIT, bucket=LARGEST_PARAM) for s in range(4)}
+    p, shard = 4 * PSI, 4 * PSI // 2
+    assert floors[0].total == 4 * p + 4 * UNIT  # DDP: param, grad, two moments, and one unit's gradients
+    assert floors[1].total == 2 * p + 2 * shard + 4 * UNIT
+    assert floors[2].total == p + shard + 2 * shard + 4 * LARGEST_PARAM + 4 * UNIT  # one staging bucket
+    assert floors[3].total == 4 * shard + 3 * 4 * UNIT  # 16P/N + two gathered units + one unit's gradients
+    assert round(floors[1].total / MiB) == 1197 and round(floors[3].total / MiB) == 873  # issue 19's table
+    assert floors[3].total / floors[0].total == pytest.approx(0.55, abs=0.01)
+    # the step's temporaries (one bucket's shard) never exceed backward's unit: they do not add
+    assert floors[1].in_flight.step["optimizer_temporaries"] == 4 * LARGEST_PARAM // 2 < 4 * UNIT
+
+
+def test_overlap_comm_doubles_stage_2_staging_and_nothing_else() -> None:
+    plain = physical_floor(FP32, 2, unit=UNIT, bucket=LARGEST_PARAM)
+    overlap = physical_floor(FP32, 2, unit=UNIT, bucket=LARGEST_PARAM, overlap_comm=True)
+    assert overlap.total - plain.total == 4 * LARGEST_PARAM
+    assert physical_floor(FP32, 1, unit=UNIT, bucket=1, overlap_comm=True).in_flight.held == {}
+
+
+def test_frozen_bases_hold_only_their_compute_copy() -> None:
+    lora = Training(10_000, 4, Dtype.BF16, Optimizer.ADAMW)
+    assert frozen_bytes(lora, 3, 1001) == 251 * 2 and frozen_bytes(lora, 1, 1001) == 1001 * 2
+    floor = physical_floor(lora, 3, unit=100, gathered_unit=2100, bucket=0, frozen_params=1001)
+    assert floor.terms()["gathered_params"] == 2 * 2100 * 2  # the gathered unit carries its frozen base
+    assert floor.terms()["unit_gradients"] == 100 * 2  # gradients only for what trains
+    assert floor.total == floor.model_states + 251 * 2 + 2 * 2100 * 2 + 100 * 2
+
+
+def test_the_step_phase_and_backward_never_add_up() -> None:
+    t = Training(1000, 2, Dtype.FP32, Optimizer.ADAMW)
+    big_step = in_flight(t, Placement(1), StepSizes(unit=10, bucket=1000))
+    assert big_step.step == {"optimizer_temporaries": 4 * 500}  # the rank's shard of the bucket
+    assert big_step.peak == 4 * 500  # more than the unit's 40 bytes: the step phase sets the peak
+    small_step = in_flight(t, Placement(2), StepSizes(unit=400, bucket=100, staging_buffers=2))
+    assert small_step.peak == 2 * 100 * 4 + 400 * 4  # staging held throughout, then the unit's gradients
+    assert in_flight(t, Placement(0), StepSizes(unit=1, bucket=1000)).step["optimizer_temporaries"] == 4000
+
+
+def test_optimizer_temporaries_follow_torch_adamw() -> None:
+    assert optimizer_temporaries(Optimizer.ADAMW, 100) == 400  # foreach: one fp32 sqrt(v) per element
+    assert optimizer_temporaries(Optimizer.ADAM, 100, foreach=False) == 800  # loop: sqrt(v) and its quotient
+    assert optimizer_temporaries(Optimizer.SGD, 100) == 0
+    from zerorun.estimate import Offload
+
+    offloaded = in_flight(FP32, Placement(1, Offload.CPU), StepSizes(unit=UNIT, bucket=UNIT))
+    assert offloaded.step["optimizer_temporaries"] == 0  # the step runs on the host
+
+
+def test_the_estimate_counts_the_in_flight_terms_once() -> None:
+    shape = ModelShape(hidden=1024, layers=4, heads=16, vocab=32000)
+    training = Training(shape.param_count(), 4)
+    request = EstimateRequest(training, gpus_per_node=4, shape=shape, overhead=0)
+    unit = shape.largest_unit()
+    bucket = max(shape.embedding_params(), 1024 * shape.ffn_size)  # stages 0-2: the largest parameter's bucket
+    for stage in (0, 1):
+        row = estimate_row(request, Placement(stage))
+        shard = bucket if stage == 0 else -(-bucket // 4)
+        assert row.gpu["buffers"] == 0 and row.gpu["in_flight"] == max(unit * 2, 4 * shard)
+    stage3 = estimate_row(request, Placement(3))
+    detail = stage3.buffer_detail  # stage 3's backward transients are in buffers already
+    assert detail["unit_gradients"] == unit * 2 and stage3.gpu["in_flight"] == 0
+
+
+def test_the_bucket_cap_mirrors_the_engine() -> None:
+    from zerorun.engine.buckets import MAX_BUCKET_NUMEL as ENGINE_CAP
+
+    assert MAX_BUCKET_NUMEL == ENGINE_CAP
+    assert Buckets().reduce_bucket_size > MAX_BUCKET_NUMEL  # so the cap is what the default layout uses
+
+
+def _facts(stage: int, per_rank: list[dict[str, int]]) -> dict:
+    return {"stage": stage, "world_size": 2, "num_parameters": PSI, "dtype": "fp32", "optimizer": "adamw",
+            "largest_bucket": UNIT // 2, "largest_param": LARGEST_PARAM, "physical_per_rank": per_rank,
+            "memory_breakdown": {"params": 1}}
+
+
+def test_measure_takes_the_worse_rank_and_the_device_peak_first() -> None:
+    from zerorun.estimate.measure import against_ddp, compare
+
+    host = [{"host_peak_rss": 900 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0},
+            {"host_peak_rss": 1000 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0}]
+    rows, physical, _ = compare(_facts(3, host))
+    assert physical.per_rank == [700 * MiB, 800 * MiB] and physical.worst_rank == 1
+    assert physical.estimated == rows[-1].estimated and physical.ratio == 800 * MiB / rows[-1].estimated
+    flight = next(r for r in rows if r.term == "in_flight").estimated
+    unit = UNIT // 2  # stage 3: the unit's gradients, and the unit plus the default 5e7-element prefetch gathered
+    assert flight == 4 * (unit + unit + 50_000_000)
+    gpu = [{**host[0], "device_peak_allocated": 5 * MiB}, {**host[1], "device_peak_allocated": 6 * MiB}]
+    assert compare(_facts(3, gpu))[1].per_rank == [5 * MiB, 6 * MiB]  # the allocator's peak, not the host's
+    assert compare(_facts(3, []))[1] is None
+    line = against_ddp(_facts(3, host))
+    ddp_total = compare(_facts(0, host))[0][-1].estimated
+    ddp_peak = 800 * MiB - rows[-1].estimated + ddp_total  # the same run, DDP's states in place of stage 3's
+    assert ddp_peak > 800 * MiB
+    assert line == f"peak 800.00 MiB per rank (physical, stage 3), DDP on this model: ~{ddp_peak / 2**30:.2f} GiB (estimate)"

@@ -1,0 +1,88 @@
+"""Physical memory of this process, as the kernel and the CUDA allocator count it.
+
+The engine's own bookkeeping (``figures.memory_breakdown``) counts the bytes it means
+to hold; these figures count what the process really holds, so a buffer that autograd
+still references after the engine released it shows here and not there.
+
+Host (Linux): ``host_rss`` is the resident set now (``VmRSS``), ``host_peak_rss`` the
+kernel's high-water mark (``VmHWM``) since the last :func:`reset_peak` (else since the
+process started), and ``host_baseline_rss`` the resident set at ``import zerorun`` when
+torch was already loaded (else when the engine first loaded): torch loaded, nothing of
+the script's model yet when it imports zerorun before building the model. All three are absolute: what a step holds is ``host_peak_rss`` less
+a baseline the reader chooses (this one, or its own taken right after ``import torch``).
+
+CUDA: ``device_peak_allocated`` and ``device_peak_reserved`` are
+``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` since the last reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+from pathlib import Path
+
+import torch
+
+HOST_KEYS = ("host_rss", "host_peak_rss", "host_baseline_rss")
+DEVICE_KEYS = ("device_peak_allocated", "device_peak_reserved")
+PHYSICAL_KEYS = HOST_KEYS + DEVICE_KEYS
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _host_status() -> dict[str, int] | None:
+    """``{"VmRSS": bytes, "VmHWM": bytes}`` of this process; None where /proc has no status (not Linux)."""
+    try:
+        lines = _STATUS.read_text().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) * 1024  # the kernel reports kB
+    return out if len(out) == 2 else None
+
+
+_BASELINE = (_host_status() or {}).get("VmRSS")
+
+
+def _trim_heap() -> None:
+    """Give glibc's free lists back to the kernel, so the resident set is what is still in use."""
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+def reset_peak(device: torch.device) -> bool:
+    """Start a new peak window: the host high-water mark drops to the resident set now (after
+    freeing garbage and trimming the heap) and CUDA's peak counters restart.
+
+    Returns False where the host peak could not be reset (no writable ``/proc/self/clear_refs``):
+    ``host_peak_rss`` then still counts from the start of the process.
+    """
+    gc.collect()
+    _trim_heap()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        _CLEAR_REFS.write_text("5")  # 5: reset the peak RSS to the current RSS (proc(5))
+    except OSError:
+        return False
+    return True
+
+
+def physical_figures(device: torch.device) -> dict[str, int]:
+    """The physical keys this platform knows (host keys on Linux, device keys on CUDA), in bytes."""
+    out: dict[str, int] = {}
+    status = _host_status()
+    if status is not None:
+        out.update(host_rss=status["VmRSS"], host_peak_rss=status["VmHWM"], host_baseline_rss=_BASELINE or 0)
+    if device.type == "cuda":
+        out.update(device_peak_allocated=int(torch.cuda.max_memory_allocated(device)),
+                   device_peak_reserved=int(torch.cuda.max_memory_reserved(device)))
+    return out
+
