@@ -117,3 +117,19 @@ def test_parameter_offload_waits_for_the_queued_shard_copy_at_the_end_of_the_ste
     assert bucket.local.tolist() == [5.0] * 4 and cuda.log == ["pin", "record"]
     off.flush()
     assert cuda.log == ["pin", "record", "sync"]
+
+
+def test_data_read_every_step_is_pinned_through_a_fixed_ring() -> None:
+    """Swap-file reads staged step after step pin only ``slots`` buffers (pinning each read afresh
+    would grow torch's caching host allocator with every step), and each staged copy is exact."""
+    cuda = FakeCuda()
+    t = Mocked(True, cuda)
+    pins = []
+    for step in range(5):
+        for size in (8, 6, 8):
+            read = torch.arange(size, dtype=torch.float32) + step
+            out = t.staged(read)
+            assert torch.equal(out, read) and out.dtype == read.dtype
+        pins.append(cuda.log.count("pin"))
+    assert pins[1] <= 3 and pins[1:] == [pins[1]] * 4, pins  # two slots, grown once to the largest read
+    assert Transfers(True, FakeCuda(False)).staged(read) is read  # nothing to pin without CUDA

@@ -8,14 +8,12 @@ allocator really touched, whatever the engine's bookkeeping believes it holds.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
+from zerorun.engine.physical_memory import host_bytes, reset_host_peak, return_freed_memory
 
+__all__ = ["Peak", "measured", "return_freed_memory"]
 
 @dataclass
 class Peak:
@@ -29,54 +27,15 @@ class Peak:
         return None if self.start is None or self.peak is None else self.peak - self.start
 
 
-def _status_bytes(key: str) -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def return_freed_memory() -> bool:
-    """Make glibc hand freed buffers back to the kernel at once (False where it is not glibc).
-
-    By default glibc raises its mmap threshold after the first large free, so later
-    buffers of up to 32 MiB come from its heap and stay resident after they are freed:
-    the high-water mark would then measure the allocator's retention as much as what the
-    engine holds. A fixed threshold keeps every large buffer an mmap of its own, returned
-    when freed. It costs a page fault per page of every new buffer (about 2x the step time
-    on the benchmark MLP), which is why only the simulation's CPU mode sets it.
-    """
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 128 * 1024)) and bool(mallopt(_M_TRIM_THRESHOLD, 128 * 1024))
-
-
-def reset_high_water() -> bool:
-    """Start a new high-water mark at the current resident set; False where the kernel does not allow it."""
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 @contextlib.contextmanager
 def measured(enabled: bool = True) -> Iterator[Peak]:
     """Measure the ``with`` body's resident peak into the yielded :class:`Peak` (left empty when disabled)."""
     reading = Peak()
-    if not enabled or not reset_high_water():
+    if not enabled or not reset_host_peak():
         yield reading
         return
-    reading.start = _status_bytes("VmRSS")
+    reading.start = host_bytes("VmRSS")
     try:
         yield reading
     finally:
-        reading.peak = _status_bytes("VmHWM")
+        reading.peak = host_bytes("VmHWM")

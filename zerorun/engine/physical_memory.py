@@ -50,11 +50,53 @@ def _host_status() -> dict[str, int] | None:
 _BASELINE = (_host_status() or {}).get("VmRSS")
 
 
-def _trim_heap() -> None:
+def _libc() -> ctypes.CDLL | None:
+    with contextlib.suppress(OSError, TypeError):
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    return None
+
+
+_LIBC = _libc()
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def trim_heap() -> None:
     """Give glibc's free lists back to the kernel, so the resident set is what is still in use."""
-    name = ctypes.util.find_library("c")
-    with contextlib.suppress(OSError, AttributeError, TypeError):
-        ctypes.CDLL(name).malloc_trim(0)
+    with contextlib.suppress(AttributeError):
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+
+
+def return_freed_memory() -> bool:
+    """Make glibc hand freed buffers back to the kernel at once (False where it is not glibc).
+
+    By default glibc raises its mmap threshold after the first large free, so later
+    buffers of up to 32 MiB come from its heap and stay resident after they are freed:
+    a high-water mark then measures the allocator's retention as much as what the
+    engine holds. A fixed threshold keeps every large buffer an mmap of its own, returned
+    when freed, at the cost of a page fault per page of every new buffer; the engine does
+    not set it (the simulation's CPU mode and ``bench/memory.py --returning-allocator`` do).
+    """
+    try:
+        mallopt = _LIBC.mallopt  # type: ignore[union-attr]
+    except AttributeError:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 128 * 1024)) and bool(mallopt(_M_TRIM_THRESHOLD, 128 * 1024))
+
+
+def host_bytes(key: str) -> int | None:
+    """``VmRSS`` or ``VmHWM`` of this process in bytes (None where /proc has no status)."""
+    status = _host_status()
+    return None if status is None else status[key]
+
+
+def reset_host_peak() -> bool:
+    """The host high-water mark drops to the resident set now (False: no writable clear_refs)."""
+    try:
+        _CLEAR_REFS.write_text("5")  # 5: reset the peak RSS to the current RSS (proc(5))
+    except OSError:
+        return False
+    return True
 
 
 def reset_peak(device: torch.device) -> bool:
@@ -65,14 +107,10 @@ def reset_peak(device: torch.device) -> bool:
     ``host_peak_rss`` then still counts from the start of the process.
     """
     gc.collect()
-    _trim_heap()
+    trim_heap()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    try:
-        _CLEAR_REFS.write_text("5")  # 5: reset the peak RSS to the current RSS (proc(5))
-    except OSError:
-        return False
-    return True
+    return reset_host_peak()
 
 
 def physical_figures(device: torch.device) -> dict[str, int]:

@@ -33,6 +33,8 @@ class Transfers:
         self.pins = bool(pin_memory) and bool(cuda.is_available())
         self._pending: Any = None  # event after the last queued copy (see ``copy``)
         self.syncs = 0  # host waits, for tests and figures
+        self._ring: list[torch.Tensor] = []  # pinned buffers of staged(), reused
+        self._turn = 0
 
     # ---- seams (the only places that touch pinned memory or ask where a tensor is) -------------
     def _pin(self, t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,34 @@ class Transfers:
     def pinned(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (a host tensor) in pinned memory when the policy pins, else ``t`` itself."""
         return self._pin(t) if self.pins and not t.is_pinned() else t
+
+    def staged(self, t: torch.Tensor, slots: int = 2) -> torch.Tensor:
+        """``t`` (a host tensor) copied into one of a fixed ring of pinned buffers when pinning, else ``t``.
+
+        For data read afresh every step (swap files): pinning each read would ask torch's
+        caching host allocator for a new block every time, and it keeps every block it ever
+        handed out (rounded up to a power of two), so pinned memory would grow with the
+        swapped bytes. The ring holds ``slots`` buffers of the largest size asked for; a slot
+        is reused only after the copies queued so far are done (:meth:`wait`).
+        """
+        if not self.pins:
+            return t
+        nbytes = t.numel() * t.element_size()
+        if len(self._ring) < slots or self._ring[self._turn].numel() < nbytes:
+            self.wait()
+            buf = self._pin(torch.empty(nbytes, dtype=torch.uint8, device=HOST))
+            if len(self._ring) < slots:
+                self._ring.append(buf)
+                self._turn = len(self._ring) - 1
+            else:
+                self._ring[self._turn] = buf
+        else:
+            self.wait()  # the slot's previous contents may still be in a queued copy
+        buf = self._ring[self._turn]
+        self._turn = (self._turn + 1) % slots
+        out = buf.narrow(0, 0, nbytes).view(t.dtype).view(t.shape)
+        out.copy_(t)
+        return out
 
     def host_copy(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A new host copy of ``t`` (pinned when pinning), complete when this returns."""

@@ -12,8 +12,7 @@ whole shard (DeepSpeed bounds it with ``sub_group_size``; not done here).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -23,16 +22,7 @@ from zerorun.engine.collectives import Collectives
 from zerorun.engine.offload.host import HostMasters
 from zerorun.engine.offload.policy import OffloadPolicy
 from zerorun.engine.offload.swapper import Swapper
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim  # glibc
-    except (OSError, AttributeError):
-        return None
-
-
-_TRIM = _malloc_trim()
+from zerorun.engine.physical_memory import trim_heap
 
 
 def release_freed_memory() -> None:
@@ -42,8 +32,7 @@ def release_freed_memory() -> None:
     mmap threshold after the first free), so without a trim the process keeps them mapped
     and the resident set never shrinks between steps.
     """
-    if _TRIM is not None:
-        _TRIM(0)
+    trim_heap()
 
 
 _STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd": 1, "adagrad": 1, "rmsprop": 2}  # for the space check
@@ -108,7 +97,8 @@ class NvmeMasters(HostMasters):
         tensors = self._wait([f for _, _, f in jobs])
         for (i, key, _), t in zip(jobs, tensors, strict=True):
             m = self.inner.masters[i]
-            t = self.copies.pinned(t)
+            # not pinned: the CPU steps these, and a pinned copy would stay in torch's caching host
+            # allocator between steps (which NVMe offload exists to avoid); publish copies up synchronously
             if key is None:
                 m.data = t
             else:

@@ -101,7 +101,7 @@ class ParamOffload:
         if i not in self.reads:
             self.flush()
             self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
-        return self.copies.pinned(self._wait(self.reads.pop(i)))
+        return self.copies.staged(self._wait(self.reads.pop(i)))  # pinned through a fixed ring: no growth
 
     # ---- life cycle ---------------------------------------------------------------------------
     def _wait(self, future: Future[Any]) -> Any:
