@@ -8,14 +8,16 @@ Every system trains the same model (bench/common.py's residual MLP; by default h
 12 blocks, 101.7M parameters, fp32, AdamW) on the same data (micro batch 8), one system per
 torchrun job on gloo, one job at a time. Per rank the peak is the kernel's RSS high-water
 mark (``VmHWM``) over the training steps, reset when set-up ends (after ``malloc_trim(0)``,
-by writing ``5`` to ``/proc/self/clear_refs``), less the RSS right after ``import torch``;
+by writing ``5`` to ``/proc/self/clear_refs``), less the RSS right after ``import torch`` (and torch.optim's lazy imports);
 the worse rank counts. The floor is :func:`zerorun.estimate.floor.physical_floor` for the
 system's stage (DDP: stage 0, FSDP2: stage 3), with the block as the unit; the activations
 (a few MiB here) are counted in it.
 
 Systems: torch-ddp, torch-fsdp2, zerorun-z0..z3, zerorun-z3-init (built under ``zero.Init``),
 zerorun-z3-ckpt (each block under non-reentrant activation checkpointing), zerorun-z3-lora
-(frozen bases, rank-8 adapters on every Linear of the blocks), and ds-z0..z3 (DeepSpeed,
+(frozen bases, rank-8 adapters on every Linear of the blocks) - all four releasing each unit
+after use and prefetching one block - zerorun-z3-defaults (DeepSpeed's stage-3 defaults,
+which keep this whole model gathered from forward to backward), and ds-z0..z3 (DeepSpeed,
 run by ``--ds-python`` with DS_ACCELERATOR=cpu; ds-z3 by default).
 """
 
@@ -24,7 +26,11 @@ from __future__ import annotations
 import os
 import sys
 
-import torch  # first: the baseline is the resident set right after it
+import torch  # first: the baseline is the resident set right after it (and torch.optim's imports)
+
+# Constructing any torch.optim optimizer imports torch._dynamo lazily (74 MiB of resident
+# libraries here): the same for every system, and no part of a model's state.
+torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -60,7 +66,9 @@ RESULT_PREFIX = "MEMBENCH_RESULT "
 MiB = 2**20
 LORA_RANK = 8
 SYSTEMS = ("torch-ddp", "torch-fsdp2", "zerorun-z0", "zerorun-z1", "zerorun-z2", "zerorun-z3", "zerorun-z3-init",
-           "zerorun-z3-ckpt", "zerorun-z3-lora")
+           "zerorun-z3-ckpt", "zerorun-z3-lora", "zerorun-z3-defaults")
+# glibc made to hand freed buffers back to the kernel at once (zerorun.engine.physical_memory.return_freed_memory)
+RETURNING_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}
 DS_SYSTEMS = ("ds-z3",)
 
 
@@ -113,6 +121,11 @@ def _setup(system: str, args: argparse.Namespace, world: int):
     if system.startswith("torch-"):
         return R.setup_torch(args, build(system, args), world)[0]
     cfg = R.zerorun_config(args, world)
+    if stage_of(system) == 3 and not system.endswith("-defaults"):
+        # release each unit after use and prefetch one block: the floor's two gathered units. At
+        # DeepSpeed's defaults (zerorun-z3-defaults) forward keeps every unit it will reuse within
+        # 1e9 elements gathered for backward: this whole model.
+        cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=block_numel(args))
     if system.endswith("-init"):
         import zerorun
 
@@ -170,6 +183,11 @@ class ModelFacts:
     activations: int  # bytes of saved activations per rank (fp32)
 
 
+def block_numel(args: argparse.Namespace) -> int:
+    h, f = args.hidden, args.ffn_mult * args.hidden
+    return (h * f + f) + (f * h + h)
+
+
 def model_facts(system: str, args: argparse.Namespace, world: int) -> ModelFacts:
     h, f = args.hidden, args.ffn_mult * args.hidden
     block = (h * f + f) + (f * h + h)
@@ -202,7 +220,9 @@ def floor_bytes(system: str, args: argparse.Namespace, world: int) -> int:
 
     m = model_facts(system, args, world)
     training = Training(m.trainable, world, Dtype.FP32, Optimizer.ADAMW)
-    return physical_floor(training, stage_of(system), unit=m.unit, gathered_unit=m.gathered_unit,
+    # at DeepSpeed's defaults the kept window is the whole model (the floor's gathered term is two units)
+    gathered_unit = -(-m.trainable // 2) if system.endswith("-defaults") else m.gathered_unit
+    return physical_floor(training, stage_of(system), unit=m.unit, gathered_unit=gathered_unit,
                           bucket=m.largest_param, frozen_params=m.frozen, activations=m.activations).total
 
 
@@ -218,6 +238,8 @@ def run_system(system: str, args: argparse.Namespace) -> dict[str, Any]:
            "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
     if system.startswith("ds-"):
         env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")  # DeepSpeed's interpreter: no zerorun on its path
+    if args.allocator == "returning":
+        env.update(RETURNING_ALLOCATOR)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)), None)
     if done.returncode != 0 or line is None:
@@ -245,7 +267,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     n = sum(p.numel() for p in C.build_model(args).parameters())
     lines.append(f"\n{n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} blocks), fp32, AdamW, "
                  f"world {args.world} on gloo, micro batch {args.global_batch // args.world}, {args.steps} steps; "
-                 "peak: VmHWM after a reset at the end of set-up, less RSS after `import torch`; "
+                 f"allocator {args.allocator}; peak: VmHWM after a reset at the end of set-up, less RSS after "
+                 "`import torch` and torch.optim's imports; "
                  "LoRA: frozen bases, not comparable with DDP on the full model")
     return "\n".join(lines)
 
@@ -266,6 +289,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ds-python", default=None, help="an interpreter with deepspeed: adds " + ", ".join(DS_SYSTEMS))
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON (- for stdout)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per system")
+    p.add_argument("--allocator", choices=("default", "returning"), default="default",
+                   help="returning: glibc hands freed buffers back to the kernel at once (every system), so a "
+                        "peak is what the process holds, not what the allocator retains")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.small:
