@@ -38,6 +38,9 @@ class Transfers:
     def _pin(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory()
 
+    def _pinned_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=HOST, pin_memory=True)
+
     @staticmethod
     def on_host(t: torch.Tensor) -> bool:
         return t.device.type == "cpu"
@@ -66,8 +69,9 @@ class Transfers:
             if self.on_host(t):
                 out.append(t if dtype is None or t.dtype == dtype else t.to(dtype))
                 continue
-            buf = torch.empty(t.shape, dtype=dtype or t.dtype, device=HOST)
-            buf = self.pinned(buf)
+            # allocated pinned: pinning a fresh buffer would copy its uninitialised bytes once more
+            dt = dtype or t.dtype
+            buf = self._pinned_empty(t.shape, dt) if self.pins else torch.empty(t.shape, dtype=dt, device=HOST)
             buf.copy_(t.detach(), non_blocking=self.pins)
             out.append(buf)
             issued = True
