@@ -152,6 +152,15 @@ class _LaneWork:
         self.lane.complete_through(self.seq)
 
 
+def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """The collective timeout ``group`` was created with (``init_process_group(timeout=...)``),
+    so a lane wait gives up when the backend's own collectives would."""
+    try:
+        return group._get_backend(device).options._timeout.total_seconds()  # type: ignore[union-attr]
+    except (AttributeError, RuntimeError):  # a backend without options: torch's default
+        return shared_memory.WAIT_TIMEOUT_S
+
+
 class Collectives:
     """Counted collectives over one process group (``group=None`` with world size 1: no-ops)."""
 
@@ -288,7 +297,7 @@ class Collectives:
         opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
         shared_memory.segment_path(token, self.rank).unlink(missing_ok=True)
         if opened:
-            self.lane = SharedLane(segments, self.rank, slot_bytes)
+            self.lane = SharedLane(segments, self.rank, slot_bytes, group_timeout_s(self.group, self.device))
             self.counter.via["reduce_scatter"] = self.counter.via["all_gather"] = self.counter.via["all_reduce"] = (
                 "shared memory between the ranks of this host")
         return opened
