@@ -30,6 +30,9 @@ Every tensor a collective sees lives on the group's device (:attr:`Collectives.d
 a blocking collective on a tensor elsewhere (a host scalar, an offloaded shard) is run
 on a device copy that is copied back, so NCCL never sees a CPU tensor; an asynchronous
 one is refused, since the copy back would have to wait anyway.
+
+Tests turn on checking modes with ``ZERORUN_CHECK_COLLECTIVES`` (deferred work, device
+discipline, the NCCL policy on gloo: :mod:`zerorun.engine.collective_checks`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch.distributed as dist
 
 from zerorun.engine import shared_memory
 from zerorun.engine.bootstrap import choose_device_type, group_backends, native_scatter
+from zerorun.engine.collective_checks import check_device, check_modes, defer
 from zerorun.engine.shared_memory import SharedLane
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -169,6 +173,7 @@ class Collectives:
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
+        self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.collective_checks)
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
             backends = group_backends(group)
@@ -176,7 +181,7 @@ class Collectives:
             backend = backends[device_type]
             self.device = (torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda"
                            else torch.device(device_type))
-        self.native_reduce_scatter = native_scatter(backend)
+        self.native_reduce_scatter = native_scatter(backend) or "native" in self.checks
         self.lane: SharedLane | None = None
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "point-to-point chunk exchange (gloo has no native reduce-scatter)"
@@ -191,6 +196,11 @@ class Collectives:
         self.counter.add("all_reduce", tensor)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op)))  # type: ignore[arg-type]
+        return self._all_reduce(tensor, async_op, op)
+
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool, op: dist.ReduceOp.RedOpType) -> Pending:
         if op == dist.ReduceOp.SUM and self._on_lane(tensor):
             return self._lane_pending(self.lane.all_reduce(tensor), async_op)  # type: ignore[union-attr]
         return self._run(tensor, async_op, lambda t: dist.all_reduce(t, op=op, group=self.group,
@@ -205,6 +215,7 @@ class Collectives:
         if not self._live():
             return ok
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        self._check_device("all_true", flag)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
@@ -212,6 +223,7 @@ class Collectives:
              fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
         if tensor.device.type == self.device.type:
+            self._check_device("a collective", tensor)
             with _outside_backward_tls():
                 work = fn(tensor)
             return Pending(work if async_op else None)
@@ -219,12 +231,17 @@ class Collectives:
             raise AssertionError(f"an asynchronous collective got a {tensor.device} tensor, "
                                  f"but the group's device is {self.device}")
         staged = self._device_copy(tensor)
+        self._check_device("a collective", staged)
         fn(staged)
         tensor.copy_(staged)
         return Pending(None)
 
     def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device)
+
+    def _check_device(self, kind: str, *tensors: torch.Tensor) -> None:
+        if "device" in self.checks:
+            check_device(kind, self.device, list(tensors))
 
     def reduce_scatter(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
@@ -235,6 +252,11 @@ class Collectives:
         self.counter.add("reduce_scatter", flat)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))  # type: ignore[arg-type]
+        return self._reduce_scatter(flat, async_op)
+
+    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: dist.reduce_scatter_tensor(
                 self.shard_of(t), t, group=self.group, async_op=async_op))
@@ -254,6 +276,11 @@ class Collectives:
         self.counter.add("all_gather", flat)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True)))  # type: ignore[arg-type]
+        return self._all_gather(flat, async_op)
+
+    def _all_gather(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: dist.all_gather_into_tensor(
                 t, self.shard_of(t), group=self.group, async_op=async_op))
@@ -318,6 +345,7 @@ class Collectives:
     def _exchange(self, ops: list[dist.P2POp], finish: Callable[[], None] | None, async_op: bool) -> Pending:
         """Start the point-to-point ``ops`` (every rank issues its collectives in the same order, so
         sends and receives pair up); ``finish`` runs when they are complete."""
+        self._check_device("a point-to-point exchange", *(op.tensor for op in ops))
         with _outside_backward_tls():
             exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
         if async_op:
