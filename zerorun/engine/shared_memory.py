@@ -263,7 +263,7 @@ class SharedLane:
                         f"to finish reading collective {reuse}")
         self.seq = seq
         described = (seq, KIND_CODES[kind], flat.numel(), DTYPE_CODES[flat.dtype])
-        self._descriptor(self.rank, seq).copy_(torch.tensor(described, dtype=torch.int64))
+        self._descriptor(self.rank, seq).copy_(torch.tensor(described, dtype=torch.int64, device="cpu"))
         return seq, self._slot_of(self.rank, seq, flat.dtype)
 
     def _publish(self, seq: int, complete: Callable[[], None]) -> int:
