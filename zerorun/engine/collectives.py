@@ -168,8 +168,12 @@ def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> fl
 class Collectives:
     """Counted collectives over one process group (``group=None`` with world size 1: no-ops)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, world_size: int, rank: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int, rank: int, *,
+                 live_at_one: bool = False) -> None:
+        """``live_at_one``: issue the collectives even at world size 1 (the one-GPU check: NCCL's
+        kernels then run, where the engine would skip them)."""
         self.group = group
+        self.live_at_one = live_at_one and group is not None
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
@@ -188,7 +192,7 @@ class Collectives:
             self.counter.via["all_gather"] = "point-to-point chunk exchange (faster than gloo's all-gather)"
 
     def _live(self) -> bool:
-        return self.group is not None and self.world_size > 1
+        return self.group is not None and (self.world_size > 1 or self.live_at_one)
 
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Pending:
@@ -345,6 +349,10 @@ class Collectives:
     def _exchange(self, ops: list[dist.P2POp], finish: Callable[[], None] | None, async_op: bool) -> Pending:
         """Start the point-to-point ``ops`` (every rank issues its collectives in the same order, so
         sends and receives pair up); ``finish`` runs when they are complete."""
+        if not ops:  # no peer (world size 1, issued by `live_at_one`): nothing to exchange
+            if finish is not None:
+                finish()
+            return Pending(None)
         self._check_device("a point-to-point exchange", *(op.tensor for op in ops))
         with _outside_backward_tls():
             exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
