@@ -5,7 +5,12 @@ Two gloo ranks. ``torch._dynamo.explain`` counts the graphs and breaks of ``engi
 buckets, gradients are taken by post-accumulate hooks outside the graph); then a few steps
 with the forward compiled (``aot_eager``: autograd through the compiled graph, no C++
 toolchain needed) must give the eager run's losses, so the hooks still see every gradient.
-Stage 3 is measured, not held: its breaks are printed for the record.
+Stage 3 trains alike too, but is measured, not held to a graph count: on the 4-module toy
+model, 25 graphs (gloo) / 20 (NCCL policy) as of this commit. The breaks: the autograd
+graph-task id read by the gather coordinator (``gather.py``, 4), each gather's collective
+(opaque to compile on purpose: one break per call, ``partition.py``), the shared-memory lane's
+counter reads on gloo, and recompiles of ``PartitionedBucket.gather_async`` (guards on the
+bucket's name, one per bucket, until dynamo's recompile limit of 8).
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ def _compile(rank: int, world: int, stages: tuple[int, ...]) -> dict[int, dict]:
 
 
 @pytest.mark.timeout(300)
-def test_stages_0_to_2_compile_to_one_graph_and_train_alike() -> None:
-    for per_rank in run_distributed(_compile, 2, (0, 1, 2), timeout=280):
+def test_stages_0_to_2_compile_to_one_graph_and_every_stage_trains_alike() -> None:
+    for per_rank in run_distributed(_compile, 2, (0, 1, 2, 3), timeout=280):
         for stage, r in per_rank.items():
-            assert (r["graphs"], r["breaks"]) == (1, 0), (stage, r["reasons"])
+            if stage < 3:
+                assert (r["graphs"], r["breaks"]) == (1, 0), (stage, r["reasons"])
             assert r["compiled"] == pytest.approx(r["eager"], rel=1e-5), stage

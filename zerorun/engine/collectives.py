@@ -78,6 +78,11 @@ def _outside_backward_tls() -> Iterator[None]:
         torch._C._stash_obj_in_tls(_BACKWARD_TLS_KEY, saved)
 
 
+# A collective is one opaque call to torch.compile (one graph break at its call site, in a
+# stage-3 gather): traced into, its thread-local check and async work break the graph twice.
+_opaque_to_compile = torch.compiler.disable
+
+
 @dataclass
 class KindCount:
     calls: int = 0
@@ -194,6 +199,7 @@ class Collectives:
     def _live(self) -> bool:
         return self.group is not None and (self.world_size > 1 or self.live_at_one)
 
+    @_opaque_to_compile
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Pending:
         """Sum (or ``op``) ``tensor`` in place across ranks."""
@@ -247,6 +253,7 @@ class Collectives:
         if "device" in self.checks:
             check_device(kind, self.device, list(tensors))
 
+    @_opaque_to_compile
     def reduce_scatter(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
 
@@ -275,6 +282,7 @@ class Collectives:
         mine = self.shard_of(flat)
         return self._exchange(ops, lambda: shared_memory.add_chunks(mine, received), async_op)
 
+    @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
         self.counter.add("all_gather", flat)
@@ -361,6 +369,7 @@ class Collectives:
         exchange.wait()
         return Pending(None)
 
+    @_opaque_to_compile
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.counter.add("broadcast", tensor)
         if self._live():
