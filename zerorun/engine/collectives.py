@@ -82,6 +82,11 @@ def _outside_backward_tls() -> Iterator[None]:
 # stage-3 gather): traced into, its thread-local check and async work break the graph twice.
 _opaque_to_compile = torch.compiler.disable
 
+# torch 2.13 deprecates the *_tensor names (a FutureWarning per call site) for the *_single
+# ones, same arguments; older torch has only the former
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 @dataclass
 class KindCount:
@@ -269,7 +274,7 @@ class Collectives:
 
     def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
-            return self._run(flat, async_op, lambda t: dist.reduce_scatter_tensor(
+            return self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
                 self.shard_of(t), t, group=self.group, async_op=async_op))
         if self._on_lane(flat):
             return self._lane_pending(self.lane.reduce_scatter(flat), async_op)  # type: ignore[union-attr]
@@ -294,7 +299,7 @@ class Collectives:
 
     def _all_gather(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
-            return self._run(flat, async_op, lambda t: dist.all_gather_into_tensor(
+            return self._run(flat, async_op, lambda t: _ALL_GATHER(
                 t, self.shard_of(t), group=self.group, async_op=async_op))
         if self._on_lane(flat):
             return self._lane_pending(self.lane.all_gather(flat), async_op)  # type: ignore[union-attr]
