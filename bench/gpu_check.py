@@ -19,7 +19,26 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
   the ratio must be within 10%. ``setup_peak_allocated`` (initialize's own peak) is reported.
   The dry mode has no allocator: it compares the engine's own ``memory_breakdown()`` with the
   estimate's model states and buffers, and only reports.
+  Beside the allocator's peak, ``max_memory_reserved`` (the caching allocator's own peak,
+  fragmentation included) is reported. ``memory/stage3-reuse0`` repeats stage 3 with
+  ``stage3_max_reuse_distance=0`` (every unit released right after use: the floor).
 * every parity check also fails if a parameter is not on the compute device after training.
+* ``collectives/world1``: the engine's collectives on the world group, issued at world size 1
+  (``Collectives(live_at_one=True)``) so NCCL's kernels really run: values and counts, and the
+  device memory outside the allocator (CUDA context + NCCL's buffers) within the estimate's
+  fixed overhead (``zerorun estimate``'s 1 GiB).
+* ``sanitizer/parity``: the parity checks again in a child under ``TORCH_CUDA_SANITIZER=1``
+  (torch's stream sanitizer): no data race between streams may be reported.
+* ``syncs/stage{0..3}``: host syncs per optimizer step counted by
+  ``torch.cuda.set_sync_debug_mode("warn")``: at most one (the gradient norm).
+* ``throughput/stage{0..3}``: a 1B-class GPT (0.87B parameters, bf16, AdamW, 4 x 1024 tokens):
+  step time, tokens/s, model TFLOPs (6 per parameter per token + attention), peak memory.
+
+What one GPU cannot prove: the order of collectives between ranks (NCCL at world size 1 is a
+copy, a mismatch cannot hang or mix buckets), the overlap of communication with compute
+(a world-1 collective takes no time), cross-rank numerics (reduction order, padding of
+shards across ranks), and multi-node launch. Those are held on CPU by the gloo test suite
+(parity at worlds 2-4, the deferred-work mode, the shared-memory lane's descriptors).
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
 
 import zerorun  # noqa: E402
 import zerorun.engine.bootstrap  # noqa: E402
+from bench import gpu_check_device as device_checks  # noqa: E402
 from zerorun.engine.figures import model_state_bytes  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
     ActivationPolicy,
@@ -79,10 +99,12 @@ class Sizes:
     parity: GPT
     memory: GPT
     steps: int
+    throughput: GPT
 
 
-GPU_SIZES = Sizes(GPT(512, 64, 256, 4, 8, 8), GPT(16384, 256, 768, 12, 12, 4), steps=5)
-CPU_SIZES = Sizes(GPT(48, 8, 16, 2, 2, 2), GPT(64, 8, 32, 2, 2, 2), steps=3)
+GPU_SIZES = Sizes(GPT(512, 64, 256, 4, 8, 8), GPT(16384, 256, 768, 12, 12, 4), steps=5,
+                  throughput=GPT(32000, 1024, 2048, 16, 16, 4))
+CPU_SIZES = Sizes(GPT(48, 8, 16, 2, 2, 2), GPT(64, 8, 32, 2, 2, 2), steps=3, throughput=GPT(64, 16, 32, 2, 2, 2))
 
 
 def _example_gpt() -> Any:
@@ -251,7 +273,7 @@ def check_checkpoint(s: Sizes, stage: int, root: Path) -> dict[str, Any]:
     return {"passed": err <= 1e-6, "loss_rel_err": err, "straight": straight, "resumed": resumed}
 
 
-def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
+def check_memory(s: Sizes, device: torch.device, stage: int, **zero: Any) -> dict[str, Any]:
     g, cuda = s.memory, device.type == "cuda"
     gc.collect()  # earlier checks' engines (reference cycles through their hooks) are gone
     if cuda:
@@ -259,7 +281,7 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
     base = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=50_000_000))  # a common production size
+    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=50_000_000, **zero))  # a common production size
     psi = engine.num_parameters()
     setup_peak = torch.cuda.max_memory_allocated() - base if cuda else None  # a figure: initialize's own peak
     if cuda:
@@ -281,7 +303,7 @@ def check_memory(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
     if cuda:
         peak = torch.cuda.max_memory_allocated() - base
         out |= {"max_memory_allocated": peak, "baseline_allocated": base, "ratio": peak / row.total,
-                "setup_peak_allocated": setup_peak}
+                "max_memory_reserved": torch.cuda.max_memory_reserved(), "setup_peak_allocated": setup_peak}
         out["passed"] = abs(out["ratio"] - 1.0) <= MEMORY_TOLERANCE
     else:
         out["passed"] = out["breakdown_ratio"] > 0  # dry mode: no allocator to compare; figures only
@@ -308,7 +330,35 @@ def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tup
         out.append((f"checkpoint/stage{stage}", lambda st=stage: check_checkpoint(s, st, scratch / f"ckpt{st}")))
     for stage in range(4):
         out.append((f"memory/stage{stage}", lambda st=stage: check_memory(s, device, st)))
+    out.append(("memory/stage3-reuse0", lambda: check_memory(s, device, 3, stage3_max_reuse_distance=0)))
+    out.append(("collectives/world1", lambda: device_checks.check_collectives(device)))
+    out.append(("sanitizer/parity", lambda: device_checks.check_sanitizer(dry, scratch)))
+    for stage in range(4):
+        out.append((f"syncs/stage{stage}", lambda st=stage: check_syncs(s, st)))
+    for stage in range(4):
+        out.append((f"throughput/stage{stage}", lambda st=stage: check_throughput(s, st)))
     return out
+
+
+def check_syncs(s: Sizes, stage: int) -> dict[str, Any]:
+    g = s.parity
+    engine = build(g, config(g, stage, "bf16"))
+    return device_checks.count_syncs(engine, s.steps, lambda i, d: batch(g, i, d), loss_of)
+
+
+def check_throughput(s: Sizes, stage: int) -> dict[str, Any]:
+    g = s.throughput
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=500_000_000))  # DeepSpeed's default
+    psi = engine.num_parameters()
+    flops = device_checks.model_flops_per_token(psi, g.layers, g.dim, g.block)
+    out = device_checks.measure_throughput(engine, s.steps, g.batch * g.block, flops,
+                                           lambda i, d: batch(g, i, d), loss_of)
+    del engine
+    return {"params": psi, "tokens_per_step": g.batch * g.block, **out}
 
 
 def run(cpu: bool, out_dir: Path, only: str | None = None) -> dict[str, Any]:

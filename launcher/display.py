@@ -7,7 +7,7 @@ import json
 import shlex
 from typing import Any
 
-from launcher.plan import LaunchPlan, rank_argv
+from launcher.plan import LaunchPlan, rank_argv, slot_devices
 from launcher.runners import NodeCommand, RunnerKind
 
 _SHOWN_ENV_PREFIX = "PDSH_"  # pdsh's own settings carry no secrets; exported values never appear
@@ -24,11 +24,18 @@ def _ranks_text(values: tuple[int, ...]) -> str:
     return ",".join(str(v) for v in values)
 
 
+def _devices_note(plan: LaunchPlan) -> str:
+    if plan.visible_devices:
+        return (f"inherited CUDA_VISIBLE_DEVICES={','.join(plan.visible_devices)}: the node's slots are these GPUs, "
+                "slot i is the i-th id")
+    return "CUDA_VISIBLE_DEVICES = the node's slots on nodes with GPUs"
+
+
 def plan_text(plan: LaunchPlan, commands: list[NodeCommand], kind: RunnerKind, config: str | None) -> str:
     rows = [("host", "node", "global ranks", "local ranks", "devices (slots)")]
     for n in plan.nodes:
         rows.append((n.host, str(n.node_rank), _ranks_text(n.ranks), _ranks_text(tuple(range(len(n.ranks)))),
-                     ",".join(str(s) for s in n.slots)))
+                     ",".join(slot_devices(plan, n))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     table = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     env_names = sorted(k for k, _ in plan.env)
@@ -38,7 +45,7 @@ def plan_text(plan: LaunchPlan, commands: list[NodeCommand], kind: RunnerKind, c
         *table,
         "",
         f"master    {plan.master_addr}:{plan.master_port}  ({plan.master_reason})",
-        f"devices   {plan.options.devices.value} (CUDA_VISIBLE_DEVICES = the node's slots on nodes with GPUs)",
+        f"devices   {plan.options.devices.value} ({_devices_note(plan)})",
         f"config    {config or '(none)'}",
         f"exported  {', '.join(f'{k}=<redacted>' for k in env_names) if env_names else '(none)'}",
         "rank env  RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK CROSS_RANK MASTER_ADDR MASTER_PORT",
@@ -60,7 +67,8 @@ def plan_json(plan: LaunchPlan, commands: list[NodeCommand], kind: RunnerKind) -
         "master_reason": plan.master_reason,
         "launcher": kind.value,
         "nodes": [
-            {"host": n.host, "node_rank": n.node_rank, "slots": list(n.slots), "ranks": list(n.ranks)} for n in plan.nodes
+            {"host": n.host, "node_rank": n.node_rank, "slots": list(n.slots), "devices": list(slot_devices(plan, n)),
+             "ranks": list(n.ranks)} for n in plan.nodes
         ],
         "exported_env": sorted(k for k, _ in plan.env),
         "commands": [list(c.argv) for c in commands],

@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.affinity import available_cores, core_share
 from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
-from launcher.devices import gpu_count
+from launcher.devices import gpu_count, local_gpus, visible_devices
 from launcher.display import dump_json, plan_json, plan_text
 from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
@@ -36,13 +36,20 @@ _DS_CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed", "--config")
 
 
 def local_nodes(ns: argparse.Namespace) -> tuple[NodeSlots, ...]:
-    """This machine as the one node: its GPUs, or ``--num_gpus`` CPU ranks without GPUs."""
-    gpus = gpu_count()
+    """This machine as the one node: its GPUs (those an inherited CUDA_VISIBLE_DEVICES lists),
+    or ``--num_gpus`` CPU ranks without GPUs."""
+    gpus = len(local_gpus(os.environ, gpu_count()))
     if gpus and ns.num_gpus and ns.num_gpus > gpus:
-        raise FilterError(f"--num_gpus {ns.num_gpus} is larger than the {gpus} GPU(s) of this machine",
+        raise FilterError(f"--num_gpus {ns.num_gpus} is larger than the {gpus} GPU(s) this job may use here "
+                          f"({_gpus_reason()})",
                           f"use --num_gpus {gpus} or fewer")
     host = Host("localhost", ns.num_gpus or gpus or 1)
     return select((host,), ns.include, ns.exclude)
+
+
+def _gpus_reason() -> str:
+    visible = visible_devices(os.environ)
+    return "all of this machine's" if visible is None else f"CUDA_VISIBLE_DEVICES={','.join(visible)!r}"
 
 
 def resolve_nodes(ns: argparse.Namespace) -> tuple[tuple[NodeSlots, ...], bool]:
@@ -181,7 +188,8 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
         env[COMPAT_ENV] = "1"
     port, port_reason = master_port(ns.master_port)
     devices = DeviceMode(ns.devices)
-    if devices is DeviceMode.AUTO and local and gpu_count() == 0:
+    gpus = local_gpus(os.environ, gpu_count()) if local else ()
+    if devices is DeviceMode.AUTO and local and not gpus:
         devices = DeviceMode.CPU
     if ns.bind_cores_to_rank and (local or ns.bind_core_list):
         for node in nodes:  # fail before any rank starts; remote cores are checked by their agent
@@ -197,6 +205,7 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
         nodes, command=command, args_start=len(command) - len(ns.script_args), job_id=uuid.uuid4().hex[:12], cwd=str(cwd), python=sys.executable,
         master_addr=ns.master_addr, master_port=port, port_reason=port_reason, local=local,
         pass_local_rank=ns.pass_local_rank, env=env, options=options,
+        visible_devices=gpus if visible_devices(os.environ) is not None else (),
     )
     return plan, config
 

@@ -77,6 +77,9 @@ class LaunchPlan:
     options: AgentOptions = AgentOptions()
     args_start: int | None = None
     """Index in ``command`` where the script's own arguments start (``--local_rank=N`` goes there)."""
+    visible_devices: tuple[str, ...] = ()
+    """A local launch's inherited ``CUDA_VISIBLE_DEVICES``: slot ``s`` is GPU ``visible_devices[s]``
+    (empty: slot ids are GPU ids)."""
 
     @property
     def world_size(self) -> int:
@@ -112,6 +115,7 @@ class LaunchPlan:
             env=tuple((k, v) for k, v in data["env"]),
             options=AgentOptions(**opts),
             args_start=data.get("args_start"),
+            visible_devices=tuple(data.get("visible_devices", ())),
         )
 
 
@@ -140,6 +144,7 @@ def build_plan(
     env: dict[str, str] | None = None,
     options: AgentOptions = AgentOptions(),
     args_start: int | None = None,
+    visible_devices: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Lay out ranks over ``nodes`` (hostfile order, contiguous per node)."""
     addr, reason = choose_master(nodes, master_addr, local)
@@ -164,6 +169,7 @@ def build_plan(
         env=tuple(sorted((env or {}).items())),
         options=options,
         args_start=args_start,
+        visible_devices=visible_devices,
     )
 
 
@@ -188,8 +194,15 @@ def rank_env(plan: LaunchPlan, node_rank: int, local_rank: int, has_gpu: bool) -
         PYTHONUNBUFFERED="1",
     )
     if has_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in node.slots)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(slot_devices(plan, node))
     return env
+
+
+def slot_devices(plan: LaunchPlan, node: NodePlan) -> tuple[str, ...]:
+    """The GPU ids of ``node``'s slots: the inherited visible ids of a local launch, else the slots."""
+    if plan.visible_devices:
+        return tuple(plan.visible_devices[s] for s in node.slots)
+    return tuple(str(s) for s in node.slots)
 
 
 def rank_argv(plan: LaunchPlan, local_rank: int | str) -> list[str]:

@@ -18,6 +18,7 @@ from zerorun.engine.bootstrap import (
     choose_device_type,
     cuda_index,
     device_backends,
+    init_device,
     native_scatter,
 )
 from zerorun.engine.errors import EngineError
@@ -73,3 +74,34 @@ def test_the_cuda_device_is_the_local_rank_or_the_only_visible_one() -> None:
     assert cuda_index(3, 1) == 0  # one GPU bound to this process
     with pytest.raises(EngineError, match="sees 2 CUDA device"):
         cuda_index(2, 2)
+
+
+@pytest.mark.parametrize(("backend", "cuda", "device"), [
+    ("nccl", True, "cuda:1"), ("cpu:gloo,cuda:nccl", True, "cuda:1"), ("gloo", True, None),
+    ("cpu:gloo,cuda:gloo", True, None), ("nccl", False, None),
+])
+def test_the_gpu_is_chosen_for_init_only_on_gpu_backends(backend: str, cuda: bool, device: str | None) -> None:
+    chosen = init_device(backend, 1, cuda, 4)
+    assert (str(chosen) if chosen is not None else None) == device
+
+
+def test_the_device_is_set_before_the_group_and_passed_as_device_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU exists here: torch.cuda and init_process_group are replaced by recorders of the call order."""
+    import torch
+    import torch.distributed as dist
+
+    from zerorun.engine import bootstrap
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append(("init", str(k.get("device_id")))))
+    monkeypatch.setattr(bootstrap, "_context", lambda local_rank: local_rank)
+    monkeypatch.setattr(bootstrap, "atexit", type("A", (), {"register": staticmethod(lambda f: None)}))
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
+                       "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    assert bootstrap.init_distributed("nccl") == 1
+    assert calls == [("set_device", "cuda:1"), ("init", "cuda:1")]

@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import zerorun
+from zerorun.engine.buckets import ALIGN_ELEMENTS
 from zerorun.engine.errors import EngineError
 
 BASE = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6}
@@ -67,9 +68,12 @@ def test_param_groups_keep_their_settings_and_client_optimizer_callable() -> Non
         model=model, model_parameters=groups, config={**BASE, "zero_optimization": {"stage": 1}},
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
     assert [g["weight_decay"] for g in opt.param_groups] == [0.5, 0.0]
-    # each group's flat masters hold exactly its own parameters
+    # each group's flat masters hold exactly its own parameters (and their buckets' alignment padding)
     sizes = [sum(m.numel() for m in g["params"]) for g in opt.param_groups]
-    assert sizes == [sum(p.numel() for p in decay), sum(p.numel() for p in no_decay)]
+    padded = [sum(b.plan.padded_numel for b in engine.parts.buckets if b.plan.group_index == i) for i in range(2)]
+    assert sizes == padded
+    for size, group in zip(sizes, (decay, no_decay), strict=True):
+        assert 0 <= size - sum(p.numel() for p in group) < ALIGN_ELEMENTS * (len(group) + 1)
     bias_before = model[0].bias.detach().clone()
     x = torch.randn(4, 5)
     engine.backward(engine(x).sum() * 0.0)  # zero gradient: only weight decay moves parameters

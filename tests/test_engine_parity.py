@@ -26,26 +26,33 @@ import torch
 
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_cases import STEPS, all_cases, reference, train_case
+from zerorun.engine.buckets import ALIGN_ELEMENTS
+from zerorun.engine.collective_checks import CHECK_ENV
 from zerorun.engine.shared_memory import ENV_SWITCH
 
 CASES = all_cases()
 
 
-def _train_all(rank: int, world: int, lane: bool) -> dict:
+def _train_all(rank: int, world: int, lane: bool, checks: str) -> dict:
     if not lane:
         os.environ[ENV_SWITCH] = "0"
+    os.environ[CHECK_ENV] = checks
     return {case.name: train_case(case, rank, world) for case in CASES}
 
 
+SHM, P2P = "shared memory between the ranks of this host", "point-to-point chunk exchange (gloo has no native reduce-scatter)"
+
+
 # world 2 reduces through the same-host shared-memory lane, world 4 through gloo's
-# point-to-point exchanges (the path of ranks on different hosts)
-@pytest.fixture(scope="module", params=[(2, True), (4, False)], ids=["world2-shared-memory", "world4-gloo"])
+# point-to-point exchanges (the path of ranks on different hosts); "nccl-deferred" runs the
+# NCCL policy on gloo (native reduce-scatter / all-gather, configured bucket sizes) with every
+# asynchronous collective's buffer poisoned until its wait() and every tensor's device checked
+@pytest.fixture(scope="module", params=[(2, True, "", SHM), (4, False, "", P2P), (2, True, "native,deferred,device", "")],
+                ids=["world2-shared-memory", "world4-gloo", "world2-nccl-policy-deferred"])
 def runs(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
-    world, lane = request.param
-    results = run_distributed(_train_all, world, lane, timeout=240)
-    vias = {r[name]["via"] for r in results for name in r}
-    assert vias == {"shared memory between the ranks of this host" if lane else
-                    "point-to-point chunk exchange (gloo has no native reduce-scatter)"}
+    world, lane, checks, via = request.param
+    results = run_distributed(_train_all, world, lane, checks, timeout=240)
+    assert {r[name]["via"] for r in results for name in r} == {via}
     return world, results
 
 
@@ -59,6 +66,11 @@ def test_parity_with_single_process(runs: tuple[int, list[dict]], case) -> None:
     for r in per_rank[1:]:
         for a, b in zip(r["params"], per_rank[0]["params"], strict=True):
             assert torch.equal(a, b)
+
+
+def _padding_bound(world: int, buckets: int, params: int) -> int:
+    """Slots start ALIGN_ELEMENTS-aligned and buckets end on a multiple of world x ALIGN_ELEMENTS."""
+    return ALIGN_ELEMENTS * (params + world * buckets)
 
 
 def _case(stage: int, dtype: str) -> str:
@@ -80,7 +92,7 @@ def test_memory_breakdown_matches_zero_arithmetic(runs: tuple[int, list[dict]], 
     for rank, r in enumerate(results):
         res = r[_case(stage, "bf16")]
         mem, psi, padded, n_buckets = res["memory"], res["numel"], res["padded"], res["buckets"]
-        assert psi <= padded < psi + world * n_buckets
+        assert psi <= padded < psi + _padding_bound(world, n_buckets, len(res["params"]))
         owned = padded if stage == 0 else padded // world
         assert mem["params"] == 2 * padded, (rank, mem)
         assert mem["master_params"] == 4 * owned, (rank, mem)
@@ -109,6 +121,6 @@ def test_comm_volume_is_two_psi_per_step(runs: tuple[int, list[dict]], stage: in
             total = 2 * per_step["all_reduce"] + per_step["reduce_scatter"] + per_step["all_gather"]
             control = 0 if stage == 0 else 2  # the norm's one-element all-reduce, counted twice
             assert total == 2 * padded + control, per_step
-            assert padded - res["numel"] < world * res["buckets"]
+            assert padded - res["numel"] < _padding_bound(world, res["buckets"], len(res["params"]))
             if stage > 0:
                 assert per_step["reduce_scatter"] == padded and per_step["all_gather"] == padded

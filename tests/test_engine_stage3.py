@@ -12,26 +12,33 @@ them): fp32 rtol 1e-5; bf16 losses rtol 2^-8, parameters rtol 2^-7 + atol 0.1 x 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_stage3_cases import STEPS, parity_cases, reference, train_case
 from tests.test_engine_stage3_checks import run_checks
+from zerorun.engine.collective_checks import CHECK_ENV
 
 CASES = parity_cases()
 
 
-def _train_all(rank: int, world: int) -> dict:
+def _train_all(rank: int, world: int, checks: str) -> dict:
+    os.environ[CHECK_ENV] = checks
     out = {case.name: train_case(case, rank, world) for case in CASES}
     out["checks"] = run_checks(rank, world)
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
+# "nccl-deferred": the NCCL policy on gloo, every asynchronous collective's buffer poisoned until
+# its wait() and every tensor's device checked (zerorun.engine.collective_checks)
+@pytest.fixture(scope="module", params=[(2, ""), (4, ""), (2, "native,deferred,device")],
+                ids=["world2", "world4", "world2-nccl-policy-deferred"])
 def runs(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:
-    world = request.param
-    return world, run_distributed(_train_all, world, timeout=240)
+    world, checks = request.param
+    return world, run_distributed(_train_all, world, checks, timeout=240)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -16,7 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = (["setup"] + [f"parity/stage{s}-{d}" for s in range(4) for d in ("fp32", "bf16")]
             + ["stage3/zero_init", "stage3/offload_cpu", "stage3/offload_nvme", "checkpoint/stage2",
-               "checkpoint/stage3"] + [f"memory/stage{s}" for s in range(4)])
+               "checkpoint/stage3"] + [f"memory/stage{s}" for s in range(4)]
+            + ["memory/stage3-reuse0", "collectives/world1", "sanitizer/parity"]
+            + [f"syncs/stage{s}" for s in range(4)] + [f"throughput/stage{s}" for s in range(4)])
 
 
 def test_gpu_check_dry_mode_runs_every_check_and_passes(tmp_path: Path) -> None:
@@ -38,6 +40,16 @@ def test_gpu_check_dry_mode_runs_every_check_and_passes(tmp_path: Path) -> None:
     assert summary["checks"]["stage3/offload_cpu"]["pinned"] is False  # no CUDA: nothing to pin for
     memory = summary["checks"]["memory/stage3"]
     assert memory["dry"] and 0.5 < memory["breakdown_ratio"] < 2.0  # the figures are real ones
+    coll = summary["checks"]["collectives/world1"]  # issued at world 1, each collective counted once
+    assert all(coll["values_ok"].values()) and coll["calls"] == {
+        "all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+    sanitizer = summary["checks"]["sanitizer/parity"]
+    assert sanitizer["returncode"] == 0 and sanitizer["child_seconds"] is not None  # the child ran the parity checks
+    assert summary["checks"]["memory/stage3-reuse0"]["dry"]
+    for stage in range(4):
+        assert summary["checks"][f"syncs/stage{stage}"]["syncs"] is None  # no CUDA: nothing to count
+        speed = summary["checks"][f"throughput/stage{stage}"]
+        assert speed["tokens_per_s"] > 0 and speed["model_tflops"] > 0 and speed["params"] > 0
     assert f"summary: {tmp_path / 'summary.json'}" in proc.stdout
 
 

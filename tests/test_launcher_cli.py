@@ -58,8 +58,8 @@ def test_dry_run_json_and_text(tmp_path: Path) -> None:
     data = json.loads(out.stdout)
     assert {k: data[k] for k in ("world_size", "master_addr", "master_port", "nodes")} == {
         "world_size": 3, "master_addr": "n1", "master_port": 1234,
-        "nodes": [{"host": "n1", "node_rank": 0, "slots": [0, 1], "ranks": [0, 1]},
-                  {"host": "n2", "node_rank": 1, "slots": [0], "ranks": [2]}],
+        "nodes": [{"host": "n1", "node_rank": 0, "slots": [0, 1], "devices": ["0", "1"], "ranks": [0, 1]},
+                  {"host": "n2", "node_rank": 1, "slots": [0], "devices": ["0"], "ranks": [2]}],
     }
     assert [c[:2] + c[-2:-1] for c in data["commands"]] == [["ssh", "-T", "n1"], ["ssh", "-T", "n2"]]
     assert data["commands"][1][-1].endswith("launcher.agent --node_rank 1")

@@ -2,8 +2,8 @@
 
 No GPU here, so CUDA is mocked: a fake ``torch.cuda`` (``is_available``, ``Event`` with
 ``record``/``synchronize``, logged) and two seams of :class:`Transfers`, ``on_host``
-(which tensors stand for device tensors) and ``_pin`` (pinning needs CUDA; the fake marks
-the tensor). The copies themselves are real CPU copies, so values are checked too.
+(which tensors stand for device tensors), ``_pin`` and ``_pinned_empty`` (pinning needs
+CUDA; the fake marks the tensor). The copies themselves are real CPU copies, so values are checked too.
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ class Mocked(Transfers):
         self.cuda.log.append("pin")
         return out
 
+    def _pinned_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(shape, dtype=dtype)
+        self.pinned_ids.add(id(out))
+        self.cuda.log.append("alloc pinned")
+        return out
+
     def gpu(self, t: torch.Tensor) -> torch.Tensor:
         self.device.add(id(t))
         return t
@@ -69,7 +75,8 @@ def test_down_copies_into_pinned_buffers_and_syncs_once_after_the_last() -> None
     assert [o.dtype for o in out] == [torch.float32] * 3
     assert [o.tolist() for o in out] == [[0, 1, 2, 3], [1, 1, 1], [7, 7]]
     assert {id(out[0]), id(out[1])} <= t.pinned_ids and out[2] is grads[2]  # host ones pass through
-    assert cuda.log == ["pin", "pin", "record", "sync"] and t.syncs == 1  # one wait, after every copy
+    # allocated pinned (no pin_memory() copy of a fresh buffer); one wait, after every copy
+    assert cuda.log == ["alloc pinned", "alloc pinned", "record", "sync"] and t.syncs == 1
     cuda.log.clear()
     t.down([torch.ones(2)])  # nothing on the device: no wait at all
     assert cuda.log == []
@@ -130,6 +137,6 @@ def test_data_read_every_step_is_pinned_through_a_fixed_ring() -> None:
             read = torch.arange(size, dtype=torch.float32) + step
             out = t.staged(read)
             assert torch.equal(out, read) and out.dtype == read.dtype
-        pins.append(cuda.log.count("pin"))
+        pins.append(cuda.log.count("alloc pinned"))
     assert pins[1] <= 3 and pins[1:] == [pins[1]] * 4, pins  # two slots, grown once to the largest read
     assert Transfers(True, FakeCuda(False)).staged(read) is read  # nothing to pin without CUDA

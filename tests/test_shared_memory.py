@@ -168,3 +168,39 @@ def test_the_slot_size_is_capped_and_a_larger_tensor_does_not_fit() -> None:
     assert lane.fits(torch.zeros(100)) and not lane.fits(torch.zeros(101))
     assert not lane.fits(torch.zeros(20, 4).t())  # not contiguous
     assert len(lane.slots[0]) == SLOTS
+
+
+def _mismatched(rank: int, world: int) -> list[str]:
+    """Rank 0 issues an all-reduce where rank 1 issues a reduce-scatter of the same size and dtype
+    (then rank 0's reduce-scatter comes later): without descriptors both would read each other's
+    slots as their own collective and return a sum."""
+    coll = Collectives(dist.group.WORLD, world, rank)
+    assert coll.open_shared_lane(SLOT_NUMEL)
+    coll.all_reduce(torch.ones(8), async_op=True).wait()  # a matched one first: it must pass
+    errors = []
+    x = torch.full((8,), float(rank + 1))
+    try:
+        (coll.all_reduce if rank == 0 else coll.reduce_scatter)(x, async_op=True).wait()
+    except shared_memory.CollectiveMismatch as e:
+        errors.append(str(e))
+    return errors + [str(coll.lane.timeout_s)]  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(120)
+def test_mismatched_collectives_fail_naming_both_ranks_collectives() -> None:
+    out = run_distributed(_mismatched, 2, timeout=90)
+    for rank, other in ((0, 1), (1, 0)):
+        assert len(out[rank]) == 2, out[rank]  # the error, not a sum
+        text = out[rank][0]
+        mine, theirs = ("all_reduce", "reduce_scatter") if rank == 0 else ("reduce_scatter", "all_reduce")
+        assert f"[rank {rank}] collective mismatch: this rank issued {mine} #2 of 8 float32, rank {other} " \
+               f"issued {theirs} #2 of 8 float32" in text, text
+        assert float(out[rank][1]) == 120.0  # the harness's group timeout, not the 1800 s constant
+
+
+def test_a_descriptor_names_kind_count_and_dtype() -> None:
+    lane = shared_memory.SharedLane([torch.zeros(shared_memory.segment_bytes(400), dtype=torch.uint8)
+                                     for _ in range(2)], 0, 400, timeout_s=5.0)
+    lane.all_gather(torch.zeros(10, dtype=torch.bfloat16))
+    assert shared_memory.describe(tuple(lane._descriptor(0, 1).tolist())) == "all_gather #1 of 10 bfloat16"
+    assert lane.timeout_s == 5.0 and shared_memory.HEADER_BYTES % 64 == 0

@@ -67,18 +67,18 @@ def _training(result: SimResult, cfg: Any) -> Training:
 def model_state_bound(result: SimResult, optimizer: Optimizer) -> int:
     """Bytes that padding, persistent buckets and the step scalars may add to the estimate's model states.
 
-    Per bucket a sharded term holds at most 1 element more than ceil(Psi/N) spreads, a whole
-    one at most N - 1 (the bucket's padding); a persistent bucket is also held whole.
+    A whole term holds the buckets' padding (shard and slot alignment) on top of Ψ; a sharded
+    one at most its N-th part plus one element per bucket; a persistent bucket is also held whole.
     """
     s, n, elem = result.stage, result.world_size, Dtype(result.dtype).nbytes
     mixed = Dtype(result.dtype).mixed
 
     def pad(sharded: bool) -> int:
-        return 1 if sharded else n - 1
+        return -(-result.padding_numel // n) + result.buckets if sharded else result.padding_numel
 
-    per_bucket = (pad(s >= 3) * elem + pad(s >= 2) * (4 if s >= 2 else elem)
-                  + pad(s >= 1) * ((4 if mixed else 0) + optimizer.state_bytes) + STEP_SCALAR_BYTES)
-    return result.buckets * per_bucket + result.persistent_numel * elem
+    return (pad(s >= 3) * elem + pad(s >= 2) * (4 if s >= 2 else elem)
+            + pad(s >= 1) * ((4 if mixed else 0) + optimizer.state_bytes)
+            + result.buckets * STEP_SCALAR_BYTES + result.persistent_numel * elem)
 
 
 def compare(result: SimResult, config: dict[str, Any], shape: ModelShape | None) -> Comparison:

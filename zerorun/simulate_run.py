@@ -77,6 +77,7 @@ class SimResult:
     optimizer: str | None
     psi: int  # trainable parameters, no padding
     buckets: int
+    padding_numel: int  # elements the buckets add to Ψ (shard and slot alignment)
     persistent_numel: int  # stage 3: elements of the buckets kept gathered (padding included)
     setup: Counts  # zero.Init and initialize, before the first step
     steps: list[Counts]
@@ -161,7 +162,9 @@ def run(req: SimRequest) -> SimResult:
         return SimResult(
             world_size=sim.world_size, rank=sim.rank, device=sim.device, model=req.model.label,
             stage=engine.zero_stage, dtype=engine.precision.name, optimizer=_optimizer_name(cfg),
-            psi=engine.num_parameters(), buckets=len(engine.parts.buckets), persistent_numel=persistent,
+            psi=engine.num_parameters(), buckets=len(engine.parts.buckets),
+            padding_numel=sum(b.plan.padded_numel - b.plan.numel for b in engine.parts.buckets),
+            persistent_numel=persistent,
             setup=setup, steps=steps, memory=_bookkeeping(engine), forward_params=forward_params,
             kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began)
 

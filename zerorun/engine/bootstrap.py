@@ -1,13 +1,14 @@
 """Process-group bootstrap from the launcher's environment (also torchrun's).
 
-``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` name the job.
-NCCL when CUDA is available, gloo otherwise.
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` name the job
+(or srun's / mpirun's own variables, :mod:`zerorun.engine.scheduler_env`). NCCL when CUDA
+is available, gloo otherwise; the GPU is bound before the group is created.
 
 The compute device is read from the group's device->backend map
 (``dist.get_backend_config``: ``"cuda:nccl"``, ``"cpu:gloo,cuda:nccl"``, ``"cpu:gloo"``),
 never from the backend's name alone: ``init_process_group()`` with no backend on a GPU
 machine reports ``get_backend() == "undefined"``, and a mixed group reports both, yet
-both serve CUDA with NCCL. With no ``WORLD_SIZE`` in the environment a
+both serve CUDA with NCCL. With no launcher's variables in the environment a
 plain ``python train.py`` is a world of one (an in-memory store, no network). A default
 process group the script already created is reused, never re-created.
 """
@@ -25,8 +26,7 @@ import torch.distributed as dist
 
 from zerorun import simulate
 from zerorun.engine.errors import EngineError
-
-_REQUIRED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from zerorun.engine.scheduler_env import job_env
 
 
 @dataclass(frozen=True)
@@ -133,25 +133,55 @@ def _context(local_rank: int) -> DistContext:
 
 def init_distributed(dist_backend: str | None = None, timeout: timedelta = timedelta(minutes=30),
                      init_method: str | None = None) -> DistContext:
-    """Join (or reuse) the default process group and return this rank's :class:`DistContext`."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Join (or reuse) the default process group and return this rank's :class:`DistContext`.
+
+    The job is read by :func:`~zerorun.engine.scheduler_env.job_env` (zerorun, torchrun,
+    srun, mpirun); with none of their variables the process is a world of one.
+    """
     if dist.is_initialized():
-        return _context(local_rank)
+        return _context(int(os.environ.get("LOCAL_RANK", "0")))
     if (simulation := simulate.from_env()) is not None:  # ZERORUN_SIMULATE: this process plays one rank of N
         simulate.join(simulation)
-        return _context(local_rank)
+        return _context(int(os.environ.get("LOCAL_RANK", "0")))
     backend = dist_backend or default_backend()
-    if init_method is None and "WORLD_SIZE" not in os.environ:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        return _context(0)
-    missing = [k for k in _REQUIRED if k not in os.environ]
-    if init_method is None and missing:
-        raise EngineError(f"WORLD_SIZE is set but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not",
-                          "start the script with `zerorun --num_gpus N script.py` or torchrun, "
-                          "which set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank")
-    dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout)
+    job = job_env(os.environ) if init_method is None else None
+    if init_method is None and (job is None or job.world_size == 1):
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                **_device_id_kwargs(backend, job.local_rank if job else 0))
+        return _context(job.local_rank if job else 0)
+    if job is not None:
+        os.environ.update(job.torch_env())  # env:// reads these; srun/mpirun set only their own
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout,
+                            **_device_id_kwargs(backend, local_rank))
     atexit.register(_destroy_at_exit)
     return _context(local_rank)
+
+
+def serves_cuda(backend: str) -> bool:
+    """Whether a group created with ``backend`` runs its CUDA collectives on a GPU backend."""
+    return backend in NATIVE_SCATTER_BACKENDS or device_backends(backend).get("cuda") not in (None, "gloo")
+
+
+def init_device(backend: str, local_rank: int, cuda_available: bool, visible: int) -> torch.device | None:
+    """The rank's GPU, bound before ``init_process_group`` (None on CPU backends).
+
+    NCCL creates its communicator on the current device: set after init, the first
+    collective of every rank would build one on ``cuda:0``. ``device_id`` also lets torch
+    create the communicator eagerly, so a bad topology fails at init, not at step 1.
+    """
+    if not (cuda_available and serves_cuda(backend)):
+        return None
+    return torch.device("cuda", cuda_index(local_rank, visible))
+
+
+def _device_id_kwargs(backend: str, local_rank: int) -> dict[str, torch.device]:
+    available = torch.cuda.is_available()
+    device = init_device(backend, local_rank, available, torch.cuda.device_count() if available else 0)
+    if device is None:
+        return {}
+    torch.cuda.set_device(device)
+    return {"device_id": device}
 
 
 # gloo's worker thread frees each finished work itself, and freeing a work whose tensors Python

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.bootstrap import DistContext
-from zerorun.engine.buckets import FlatBucket, layout_numel, plan_buckets
+from zerorun.engine.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
@@ -61,7 +61,8 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     buckets: list[FlatBucket] = []
     group_of_bucket: list[int] = []
     for gi, params in enumerate(groups):
-        for plan in plan_buckets([p.shape for p in params], layout_numel(bucket_size), ctx.world_size, gi):
+        size = layout_numel(bucket_size, coll.native_reduce_scatter)
+        for plan in plan_buckets([p.shape for p in params], size, ctx.world_size, gi, align=ALIGN_ELEMENTS):
             buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
             group_of_bucket.append(gi)
     coll.open_shared_lane(max(b.plan.padded_numel for b in buckets))  # same-host gloo ranks: shared memory

@@ -30,6 +30,9 @@ Every tensor a collective sees lives on the group's device (:attr:`Collectives.d
 a blocking collective on a tensor elsewhere (a host scalar, an offloaded shard) is run
 on a device copy that is copied back, so NCCL never sees a CPU tensor; an asynchronous
 one is refused, since the copy back would have to wait anyway.
+
+Tests turn on checking modes with ``ZERORUN_CHECK_COLLECTIVES`` (deferred work, device
+discipline, the NCCL policy on gloo: :mod:`zerorun.engine.collective_checks`).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import torch.distributed as dist
 
 from zerorun.engine import shared_memory
 from zerorun.engine.bootstrap import group_backends, native_scatter, serving
+from zerorun.engine.collective_checks import check_device, check_modes, defer
 from zerorun.engine.shared_memory import SharedLane
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
@@ -72,6 +76,16 @@ def _outside_backward_tls() -> Iterator[None]:
         yield
     finally:
         torch._C._stash_obj_in_tls(_BACKWARD_TLS_KEY, saved)
+
+
+# A collective is one opaque call to torch.compile (one graph break at its call site, in a
+# stage-3 gather): traced into, its thread-local check and async work break the graph twice.
+_opaque_to_compile = torch.compiler.disable
+
+# torch 2.13 deprecates the *_tensor names (a FutureWarning per call site) for the *_single
+# ones, same arguments; older torch has only the former
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass
@@ -152,20 +166,34 @@ class _LaneWork:
         self.lane.complete_through(self.seq)
 
 
+def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """The collective timeout ``group`` was created with (``init_process_group(timeout=...)``),
+    so a lane wait gives up when the backend's own collectives would."""
+    try:
+        return group._get_backend(device).options._timeout.total_seconds()  # type: ignore[union-attr]
+    except (AttributeError, RuntimeError):  # a backend without options: torch's default
+        return shared_memory.WAIT_TIMEOUT_S
+
+
 class Collectives:
     """Counted collectives over one process group (``group=None`` with world size 1: no-ops)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, world_size: int, rank: int) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, world_size: int, rank: int, *,
+                 live_at_one: bool = False) -> None:
+        """``live_at_one``: issue the collectives even at world size 1 (the one-GPU check: NCCL's
+        kernels then run, where the engine would skip them)."""
         self.group = group
+        self.live_at_one = live_at_one and group is not None
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
+        self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.collective_checks)
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
             device_type, backend = serving(group_backends(group), torch.cuda.is_available())
             self.device = (torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda"
                            else torch.device(device_type))
-        self.native_reduce_scatter = native_scatter(backend)
+        self.native_reduce_scatter = native_scatter(backend) or "native" in self.checks
         # torch's fake group (zerorun.simulate): shapes and bytes are real, reduced values are not
         self.simulated = backend == "fake"
         self.lane: SharedLane | None = None
@@ -174,14 +202,20 @@ class Collectives:
             self.counter.via["all_gather"] = "point-to-point chunk exchange (faster than gloo's all-gather)"
 
     def _live(self) -> bool:
-        return self.group is not None and self.world_size > 1
+        return self.group is not None and (self.world_size > 1 or self.live_at_one)
 
+    @_opaque_to_compile
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False,
                    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Pending:
         """Sum (or ``op``) ``tensor`` in place across ranks."""
         self.counter.add("all_reduce", tensor)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op)))  # type: ignore[arg-type]
+        return self._all_reduce(tensor, async_op, op)
+
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool, op: dist.ReduceOp.RedOpType) -> Pending:
         if op == dist.ReduceOp.SUM and self._on_lane(tensor):
             return self._lane_pending(self.lane.all_reduce(tensor), async_op)  # type: ignore[union-attr]
         return self._run(tensor, async_op, lambda t: dist.all_reduce(t, op=op, group=self.group,
@@ -197,6 +231,7 @@ class Collectives:
             return ok
         assert not self.simulated, "a simulated world (fake group) leaves a reduced flag undefined: decide without it"
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        self._check_device("all_true", flag)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         return bool(flag.item())
 
@@ -204,6 +239,7 @@ class Collectives:
              fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
         if tensor.device.type == self.device.type:
+            self._check_device("a collective", tensor)
             with _outside_backward_tls():
                 work = fn(tensor)
             return Pending(work if async_op else None)
@@ -211,6 +247,7 @@ class Collectives:
             raise AssertionError(f"an asynchronous collective got a {tensor.device} tensor, "
                                  f"but the group's device is {self.device}")
         staged = self._device_copy(tensor)
+        self._check_device("a collective", staged)
         fn(staged)
         tensor.copy_(staged)
         return Pending(None)
@@ -218,6 +255,11 @@ class Collectives:
     def _device_copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(self.device)
 
+    def _check_device(self, kind: str, *tensors: torch.Tensor) -> None:
+        if "device" in self.checks:
+            check_device(kind, self.device, list(tensors))
+
+    @_opaque_to_compile
     def reduce_scatter(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
 
@@ -227,8 +269,13 @@ class Collectives:
         self.counter.add("reduce_scatter", flat)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))  # type: ignore[arg-type]
+        return self._reduce_scatter(flat, async_op)
+
+    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
-            return self._run(flat, async_op, lambda t: dist.reduce_scatter_tensor(
+            return self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
                 self.shard_of(t), t, group=self.group, async_op=async_op))
         if self._on_lane(flat):
             return self._lane_pending(self.lane.reduce_scatter(flat), async_op)  # type: ignore[union-attr]
@@ -241,13 +288,19 @@ class Collectives:
         mine = self.shard_of(flat)
         return self._exchange(ops, lambda: shared_memory.add_chunks(mine, received), async_op)
 
+    @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
         """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
         self.counter.add("all_gather", flat)
         if not self._live():
             return Pending(None)
+        if async_op and "deferred" in self.checks:
+            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True)))  # type: ignore[arg-type]
+        return self._all_gather(flat, async_op)
+
+    def _all_gather(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
-            return self._run(flat, async_op, lambda t: dist.all_gather_into_tensor(
+            return self._run(flat, async_op, lambda t: _ALL_GATHER(
                 t, self.shard_of(t), group=self.group, async_op=async_op))
         if self._on_lane(flat):
             return self._lane_pending(self.lane.all_gather(flat), async_op)  # type: ignore[union-attr]
@@ -289,7 +342,7 @@ class Collectives:
         opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
         shared_memory.segment_path(token, self.rank).unlink(missing_ok=True)
         if opened:
-            self.lane = SharedLane(segments, self.rank, slot_bytes)
+            self.lane = SharedLane(segments, self.rank, slot_bytes, group_timeout_s(self.group, self.device))
             self.counter.via["reduce_scatter"] = self.counter.via["all_gather"] = self.counter.via["all_reduce"] = (
                 "shared memory between the ranks of this host")
         return opened
@@ -310,6 +363,11 @@ class Collectives:
     def _exchange(self, ops: list[dist.P2POp], finish: Callable[[], None] | None, async_op: bool) -> Pending:
         """Start the point-to-point ``ops`` (every rank issues its collectives in the same order, so
         sends and receives pair up); ``finish`` runs when they are complete."""
+        if not ops:  # no peer (world size 1, issued by `live_at_one`): nothing to exchange
+            if finish is not None:
+                finish()
+            return Pending(None)
+        self._check_device("a point-to-point exchange", *(op.tensor for op in ops))
         with _outside_backward_tls():
             exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
         if async_op:
@@ -317,6 +375,7 @@ class Collectives:
         exchange.wait()
         return Pending(None)
 
+    @_opaque_to_compile
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.counter.add("broadcast", tensor)
         if self._live():

@@ -14,6 +14,7 @@ it never asks which ZeRO stage it runs.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -112,7 +113,7 @@ class Engine(DeepSpeedSurface, HfSurface):
                               "unscale them", "call engine.backward(loss) instead of loss.backward()")
         owned = parts.grad_sync.owned_grads()
         norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
-        overflow = not torch.isfinite(torch.tensor(norm_sq)).item()
+        overflow = not math.isfinite(norm_sq)  # a float already: no tensor, no second host read
         if overflow:
             self.skipped_steps += 1
             self._grad_norm = None

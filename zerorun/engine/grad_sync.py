@@ -74,7 +74,7 @@ from typing import Any
 import torch
 from torch.autograd import Variable
 
-from zerorun.engine.buckets import FlatBucket
+from zerorun.engine.buckets import FlatBucket, zero_padding
 from zerorun.engine.collectives import Collectives, Pending
 from zerorun.engine.grad_accum import ShardAccumulator
 
@@ -361,7 +361,7 @@ class PartitionedGradSync(GradSyncBase):
         for slot, ok in zip(bucket.plan.slots, filled, strict=True):
             if not ok:
                 buf.narrow(0, slot.offset, slot.numel).zero_()
-        buf.narrow(0, bucket.plan.numel, bucket.plan.padded_numel - bucket.plan.numel).zero_()
+        zero_padding(buf, bucket.plan)  # between the aligned slots and after the last
         flat = buf.narrow(0, 0, bucket.plan.padded_numel)
 
         def done(comm: torch.Tensor) -> None:

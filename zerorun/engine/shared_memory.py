@@ -9,8 +9,11 @@ counters and :data:`SLOTS` slots of ``slot_bytes``:
 * a collective gets the next sequence number ``s`` (every rank issues the engine's
   collectives in the same order, as gloo's require); at *post* the rank copies into
   slot ``s % SLOTS`` what peers will read (a reduce-scatter: the peers' chunks; an
-  all-gather: its own chunk; an all-reduce: all of it) and publishes ``posted = s``;
-* at *complete* it waits until every peer has posted ``s``, reads their slots (adds
+  all-gather: its own chunk; an all-reduce: all of it), writes the slot's descriptor
+  (``s``, the kind, the element count, the dtype) and publishes ``posted = s``;
+* at *complete* it waits until every peer has posted ``s``, checks that every peer's
+  descriptor is its own (else :class:`CollectiveMismatch` names both: ranks that issue
+  collectives in different orders fail, never sum unrelated buffers), reads their slots (adds
   the peers' copies of its chunk, copies their chunks, or sums every rank's buffer in
   rank order, so every rank holds the same bits) and publishes ``done = s``;
 * a slot is reused only when every peer's ``done`` shows it has read the slot's last
@@ -44,15 +47,32 @@ import torch
 SLOTS = 4
 MAX_SLOT_BYTES = 32 * 2**20  # per slot: 4 slots of a stage 0-2 bucket (8 MB in fp32) need 32 MB per rank
 ENV_SWITCH = "ZERORUN_SHARED_MEMORY"
-HEADER_BYTES = 64  # int64 counters: posted, done, pid
-_POSTED, _DONE, _PID = 0, 1, 2
+_POSTED, _DONE, _PID = 0, 1, 2  # int64 counters at the head of a segment
+_DESCRIPTORS = 8  # then, from this int64 on, one descriptor per slot: sequence, kind, elements, dtype
+_FIELDS = 4
+HEADER_BYTES = 8 * (_DESCRIPTORS + SLOTS * _FIELDS)  # 192: slots start 64-byte aligned
 SHM_DIR = Path("/dev/shm")
-WAIT_TIMEOUT_S = 1800.0  # torch.distributed's default collective timeout
+WAIT_TIMEOUT_S = 1800.0  # torch.distributed's default collective timeout (the group's is passed in)
+KIND_CODES = {"reduce_scatter": 1, "all_gather": 2, "all_reduce": 3}
+DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(
+    (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8, torch.int8))}
 _SPINS_BEFORE_SLEEP = 200
 
 
 class PeerLost(RuntimeError):
     """A peer rank stopped taking part (it exited, or did not post within the timeout)."""
+
+
+class CollectiveMismatch(RuntimeError):
+    """Two ranks issued different collectives as the same one (a different order or size)."""
+
+
+def describe(descriptor: tuple[int, int, int, int]) -> str:
+    """``(sequence, kind, elements, dtype)`` in words: ``all_reduce #7 of 100 float32``."""
+    seq, kind, numel, dtype = descriptor
+    kinds = {v: k for k, v in KIND_CODES.items()}
+    dtypes = {v: str(k).removeprefix("torch.") for k, v in DTYPE_CODES.items()}
+    return f"{kinds.get(kind, f'kind {kind}')} #{seq} of {numel} {dtypes.get(dtype, f'dtype {dtype}')}"
 
 
 def host_identity() -> str:
@@ -162,8 +182,10 @@ def process_alive(pid: int) -> bool:
 class SharedLane:
     """The shared-memory collectives of one process group (see the module docstring)."""
 
-    def __init__(self, segments: list[torch.Tensor], rank: int, slot_bytes: int) -> None:
+    def __init__(self, segments: list[torch.Tensor], rank: int, slot_bytes: int,
+                 timeout_s: float = WAIT_TIMEOUT_S) -> None:
         self.rank = rank
+        self.timeout_s = timeout_s
         self.world_size = len(segments)
         self.slot_bytes = slot_bytes
         self.headers = [s[:HEADER_BYTES].view(torch.int64) for s in segments]
@@ -176,12 +198,13 @@ class SharedLane:
         self.spins = _SPINS_BEFORE_SLEEP if self.world_size <= _usable_cores() else 0
 
     def fits(self, tensor: torch.Tensor) -> bool:
-        return tensor.is_contiguous() and tensor.numel() * tensor.element_size() <= self.slot_bytes
+        return (tensor.is_contiguous() and tensor.numel() * tensor.element_size() <= self.slot_bytes
+                and tensor.dtype in DTYPE_CODES)
 
     # ---- the three collectives: what is posted, and what completing them does -----------------
     def reduce_scatter(self, flat: torch.Tensor) -> int:
         size = flat.numel() // self.world_size
-        seq, slot = self._post(flat.dtype)
+        seq, slot = self._post("reduce_scatter", flat)
         for p in self.peers:  # peers read only their own chunk of this rank's buffer
             slot.narrow(0, p * size, size).copy_(flat.narrow(0, p * size, size))
         mine = flat.narrow(0, self.rank * size, size)
@@ -194,7 +217,7 @@ class SharedLane:
 
     def all_gather(self, flat: torch.Tensor) -> int:
         size = flat.numel() // self.world_size
-        seq, slot = self._post(flat.dtype)
+        seq, slot = self._post("all_gather", flat)
         slot.narrow(0, 0, size).copy_(flat.narrow(0, self.rank * size, size))
 
         def complete() -> None:
@@ -206,7 +229,7 @@ class SharedLane:
     def all_reduce(self, flat: torch.Tensor) -> int:
         """Sum in place; every rank adds the same buffers in rank order, so all hold the same bits."""
         n = flat.numel()
-        seq, slot = self._post(flat.dtype)
+        seq, slot = self._post("all_reduce", flat)
         slot.narrow(0, 0, n).copy_(flat.reshape(-1))
 
         def complete() -> None:
@@ -225,8 +248,13 @@ class SharedLane:
     def _slot_of(self, rank: int, seq: int, dtype: torch.dtype) -> torch.Tensor:
         return self.slots[rank][seq % SLOTS].view(dtype)
 
-    def _post(self, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
-        """The next sequence number and this rank's slot for it, once every peer has read it."""
+    def _descriptor(self, rank: int, seq: int) -> torch.Tensor:
+        start = _DESCRIPTORS + (seq % SLOTS) * _FIELDS
+        return self.headers[rank][start:start + _FIELDS]
+
+    def _post(self, kind: str, flat: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The next sequence number and this rank's slot for it, once every peer has read it;
+        the slot's descriptor says what this rank posts there (checked by every reader)."""
         seq = self.seq + 1
         reuse = seq - SLOTS  # the collective that last used this slot
         if reuse > 0:
@@ -234,7 +262,9 @@ class SharedLane:
             self._await(lambda: all(int(self.headers[p][_DONE]) >= reuse for p in self.peers),
                         f"to finish reading collective {reuse}")
         self.seq = seq
-        return seq, self._slot_of(self.rank, seq, dtype)
+        described = (seq, KIND_CODES[kind], flat.numel(), DTYPE_CODES[flat.dtype])
+        self._descriptor(self.rank, seq).copy_(torch.tensor(described, dtype=torch.int64, device="cpu"))
+        return seq, self._slot_of(self.rank, seq, flat.dtype)
 
     def _publish(self, seq: int, complete: Callable[[], None]) -> int:
         self.headers[self.rank][_POSTED] = seq
@@ -247,9 +277,22 @@ class SharedLane:
             s, complete = self.pending[0]
             self._await(lambda s=s: all(int(self.headers[p][_POSTED]) >= s for p in self.peers),
                         f"to post collective {s}")
+            self._check_descriptors(s)
             complete()
             self.pending.popleft()
             self.headers[self.rank][_DONE] = s
+
+    def _check_descriptors(self, seq: int) -> None:
+        """Every peer posted the same collective as this rank's ``seq``: gloo would raise or hang on
+        a different order, and summing the slots of two different collectives is a wrong result."""
+        mine = tuple(int(v) for v in self._descriptor(self.rank, seq).tolist())
+        for p in self.peers:
+            theirs = tuple(int(v) for v in self._descriptor(p, seq).tolist())
+            if theirs != mine:
+                raise CollectiveMismatch(
+                    f"[rank {self.rank}] collective mismatch: this rank issued {describe(mine)}, rank {p} issued "
+                    f"{describe(theirs)} (hint: every rank must issue the same collectives in the same order; "
+                    "a rank that skips or reorders a bucket, or builds a different model, does this)")
 
     def _await(self, ready: Callable[[], bool], what: str) -> None:
         """Spin briefly, then sleep in growing steps (the peers need these cores), until ``ready``."""
@@ -262,7 +305,7 @@ class SharedLane:
                 continue
             now = time.monotonic()
             if deadline is None:
-                deadline = now + WAIT_TIMEOUT_S
+                deadline = now + self.timeout_s
             elif spins % 256 == 0:
                 self._check_peers(what, now > deadline)
             time.sleep(nap)
@@ -275,4 +318,5 @@ class SharedLane:
                 raise PeerLost(f"[rank {self.rank}] rank {p} (pid {pid}) exited while this rank waited for it "
                                f"{what}")
         if timed_out:
-            raise PeerLost(f"[rank {self.rank}] waited {WAIT_TIMEOUT_S:.0f} s for the peers {what}")
+            raise PeerLost(f"[rank {self.rank}] waited {self.timeout_s:.0f} s (the process group's timeout) "
+                           f"for the peers {what}")

@@ -35,7 +35,7 @@ def main() -> None:
            "zero_optimization": {"stage": args.stage, "reduce_bucket_size": 2**22},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     engine, optimizer, _, _ = zerorun.initialize(model=toy(args.hidden, args.layers), config=cfg)
-    x = torch.randn(16, args.hidden)
+    x = torch.randn(16, args.hidden, device="cpu")
     engine.backward(engine(x).square().mean())
     engine.step()
     with tempfile.TemporaryDirectory() as tmp:

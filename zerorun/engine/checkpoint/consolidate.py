@@ -46,7 +46,7 @@ def consolidate(path: str | os.PathLike[str], tag: str | None = None,
     for rank in range(manifest.world_size):
         chunks = read_rank(ckpt, rank)["buckets"]
         for piece in reshard.chunk_pieces(manifest.buckets, manifest.world_size, rank):
-            out = flat.setdefault(piece.name, torch.empty(max(1, _numel(shapes[piece.name])), dtype=dtype))
+            out = flat.setdefault(piece.name, torch.empty(max(1, _numel(shapes[piece.name])), dtype=dtype, device="cpu"))
             src = chunks[piece.bucket]["master"].narrow(0, piece.pos, piece.length)
             out.narrow(0, piece.start, piece.length).copy_(src)
     result = {name: flat[name][:_numel(shape)].view(shape) for name, shape in shapes.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import sys
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -35,7 +36,23 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
         np.random.set_state(rng["numpy"])
     if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        restore_cuda_rng(rng["cuda"])
+
+
+def restore_cuda_rng(states: list[torch.Tensor]) -> None:
+    """Each visible GPU takes the saved state of the same index; counts that differ warn once.
+
+    A job resumed on another allocation may see more or fewer GPUs per process than the one
+    that saved (one per rank under srun, all of the node's under zerorun's launcher): the
+    devices both runs have are restored, the others keep their seeds.
+    """
+    visible = torch.cuda.device_count()
+    if len(states) != visible:
+        warnings.warn(f"the checkpoint holds CUDA RNG states of {len(states)} device(s) but this process sees "
+                      f"{visible}: restoring the first {min(len(states), visible)}, the others keep their seeds",
+                      RuntimeWarning, stacklevel=3)
+    for index, state in enumerate(states[:visible]):
+        torch.cuda.set_rng_state(state, index)
 
 
 def capture(engine: Any) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def one(placement: str, hidden: int, layers: int, steps: int) -> dict:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as swap:
         engine, _, _, _ = zerorun.initialize(model=toy(hidden, layers), config=config(placement, swap))
-        x = torch.randn(16, hidden)
+        x = torch.randn(16, hidden, device="cpu")
         times = []
         for step in range(steps + 2):
             t0 = time.perf_counter()
@@ -64,8 +64,8 @@ def one(placement: str, hidden: int, layers: int, steps: int) -> dict:
 def kernels(numel: int, steps: int) -> list[dict]:
     out = []
     for name, kwargs in (("for-loop", {"foreach": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True})):
-        p = nn.Parameter(torch.randn(numel))
-        p.grad = torch.randn(numel)
+        p = nn.Parameter(torch.randn(numel, device="cpu"))
+        p.grad = torch.randn(numel, device="cpu")
         opt = torch.optim.AdamW([p], lr=1e-4, **kwargs)
         opt.step()
         t0 = time.perf_counter()

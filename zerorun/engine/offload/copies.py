@@ -40,6 +40,9 @@ class Transfers:
     def _pin(self, t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory()
 
+    def _pinned_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=HOST, pin_memory=True)
+
     @staticmethod
     def on_host(t: torch.Tensor) -> bool:
         return t.device.type == "cpu"
@@ -68,7 +71,7 @@ class Transfers:
         nbytes = t.numel() * t.element_size()
         if len(self._ring) < slots or self._ring[self._turn].numel() < nbytes:
             self.wait()
-            buf = self._pin(torch.empty(nbytes, dtype=torch.uint8, device=HOST))
+            buf = self._pinned_empty(torch.Size([nbytes]), torch.uint8)
             if len(self._ring) < slots:
                 self._ring.append(buf)
                 self._turn = len(self._ring) - 1
@@ -96,8 +99,9 @@ class Transfers:
             if self.on_host(t):
                 out.append(t if dtype is None or t.dtype == dtype else t.to(dtype))
                 continue
-            buf = torch.empty(t.shape, dtype=dtype or t.dtype, device=HOST)
-            buf = self.pinned(buf)
+            # allocated pinned: pinning a fresh buffer would copy its uninitialised bytes once more
+            dt = dtype or t.dtype
+            buf = self._pinned_empty(t.shape, dt) if self.pins else torch.empty(t.shape, dtype=dt, device=HOST)
             buf.copy_(t.detach(), non_blocking=self.pins)
             out.append(buf)
             issued = True

@@ -78,10 +78,10 @@ class NvmeMasters(HostMasters):
             futures.extend(self.swapper.write(f"b{i}.{k}", state[k]) for k in self.keys[i])
         self._wait(futures)
         for i, m in enumerate(self.inner.masters):
-            m.data = torch.empty(0)
+            m.data = torch.empty(0, device="cpu")
             state = self.optimizer.state.get(m, {})
             for k in self.keys[i]:
-                state[k] = torch.empty(0, dtype=state[k].dtype)
+                state[k] = torch.empty(0, dtype=state[k].dtype, device="cpu")
         self.is_resident = False
         release_freed_memory()
 

@@ -58,7 +58,7 @@ class ParamOffload:
         self.copies = policy.transfers()
         if policy.device == "nvme":
             assert policy.nvme_path is not None
-            need = sum(n * torch.empty(0, dtype=dt).element_size() for n, dt in self.meta)
+            need = sum(n * dt.itemsize for n, dt in self.meta)
             self.swapper = Swapper(policy.nvme_path, policy.buffer_count, need, key=KEY)
         for b in self.buckets:
             self.store(b, b.local)
@@ -81,7 +81,7 @@ class ParamOffload:
             return
         self.reads.pop(i, None)
         self.writes.append(self.swapper.write(f"p{i}", self.copies.host_copy(shard, self.meta[i][1])))
-        bucket.local = torch.empty(0, dtype=self.meta[i][1])
+        bucket.local = torch.empty(0, dtype=self.meta[i][1], device="cpu")
 
     def read_ahead(self, bucket: Any) -> None:
         """Start reading the bucket's shard (nvme) so that :meth:`fetch` finds it in flight."""

@@ -62,7 +62,7 @@ def _write(path: Path, t: torch.Tensor) -> None:
 
 
 def _read(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.empty(numel, dtype=dtype)
+    out = torch.empty(numel, dtype=dtype, device="cpu")
     with open(path, "rb", buffering=0) as f:
         got = f.readinto(_bytes(out))
     if got != out.numel() * out.element_size():
@@ -166,7 +166,7 @@ class Swapper:
         return self.pool.submit(_write, self.dir / key, t)
 
     def read(self, key: str, numel: int, dtype: torch.dtype) -> Future[torch.Tensor]:
-        self.read_bytes += numel * torch.empty(0, dtype=dtype).element_size()
+        self.read_bytes += numel * dtype.itemsize
         return self.pool.submit(_read, self.dir / key, numel, dtype)
 
     def close(self) -> None:
