@@ -20,7 +20,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from dist_harness import run_distributed  # noqa: E402
-from tiny_model import GLOBAL_BATCH, LR, STEPS_AFTER, STEPS_BEFORE, TinyNet, config, global_batch  # noqa: E402
+from tiny_model import (  # noqa: E402
+    GLOBAL_BATCH,
+    LR,
+    STEPS_AFTER,
+    STEPS_BEFORE,
+    TinyNet,
+    config,
+    global_batch,
+    parse_case,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ds_checkpoints"
 CASES = sorted(d.name for d in FIXTURES.iterdir() if d.is_dir())
@@ -32,7 +41,7 @@ def _resume(engine, rank: int, world: int, case: str, gas: int) -> dict:
 
     from zerorun.engine.checkpoint import consolidate
 
-    compute = torch.bfloat16 if case.endswith("bf16") else torch.float32
+    compute = torch.bfloat16 if parse_case(case)[1] == "bf16" else torch.float32
     micro = GLOBAL_BATCH // (world * gas)
     _, client = engine.load_checkpoint(str(FIXTURES / case))
     calls_at_load = int(engine.module.calls)
@@ -55,7 +64,7 @@ def _resume(engine, rank: int, world: int, case: str, gas: int) -> dict:
         params = consolidate(shared[0], "resumed") if rank == 0 else None
         dist.barrier()
     return {"losses": losses, "params": params, "global_steps": engine.global_steps,
-            "calls_at_load": calls_at_load, "client": client}
+            "calls_at_load": calls_at_load, "client": client, "lrs": [g["lr"] for g in engine.optimizer.param_groups]}
 
 
 def _resume_all(rank: int, world: int, gas: int, runs: list[tuple[str, int]]) -> dict:
@@ -65,9 +74,9 @@ def _resume_all(rank: int, world: int, gas: int, runs: list[tuple[str, int]]) ->
     out = {}
     for case, stage in runs:
         torch.manual_seed(1)
-        dtype = case.split("_")[1]
-        engine, *_ = zerorun.initialize(model=TinyNet(), config=config(stage, dtype, GLOBAL_BATCH // (world * gas),
-                                                                        world))
+        _, dtype, warmup = parse_case(case)
+        cfg = config(stage, dtype, GLOBAL_BATCH // (world * gas), world, warmup)
+        engine, *_ = zerorun.initialize(model=TinyNet(), config=cfg)
         out[(case, stage)] = _resume(engine, rank, world, case, gas)
     return out
 
@@ -81,17 +90,14 @@ def _check(got: dict, case: str, exact: bool = True) -> None:
         torch.testing.assert_close(got["params"][name], ref, atol=atol, rtol=rtol,
                                    msg=lambda m, name=name: f"{case} {name}: {m}")
     assert got["global_steps"] == expected["global_steps"]
+    assert got["lrs"] == pytest.approx(expected["lrs"], rel=1e-12)  # the schedule continued where it was
     assert got["calls_at_load"] == STEPS_BEFORE  # the buffer came from the checkpoint (a fresh model holds 0)
     assert got["client"]["ds_version"] == "0.19.8"  # DeepSpeed's client state: the keys that are not its own
 
 
-def _stage(case: str) -> int:
-    return int(case[len("stage")])
-
-
 def test_deepspeed_checkpoints_resume_at_the_world_size_they_were_saved_at() -> None:
     """World 2, the same stage, and stage 1's checkpoint into stage 3 (which DeepSpeed itself cannot load)."""
-    runs = [(case, _stage(case)) for case in CASES] + [("stage1_fp32", 3)]
+    runs = [(case, parse_case(case)[0]) for case in CASES] + [("stage1_fp32", 3)]
     got = run_distributed(_resume_all, 2, 1, runs, timeout=300)[0]
     for (case, _), result in got.items():
         _check(result, case)
@@ -104,10 +110,10 @@ def test_deepspeed_checkpoints_reshard_into_one_rank() -> None:
     DeepSpeed's 2-rank reduction (bf16 rounding, then amplified by Adam), so it is held to
     the bf16 parity tolerances; its first loss, from the loaded weights alone, is exact.
     """
-    runs = [(case, _stage(case)) for case in CASES]
+    runs = [(case, parse_case(case)[0]) for case in CASES]
     got = run_distributed(_resume_all, 1, 2, runs, timeout=300)[0]
     for (case, _), result in got.items():
-        _check(result, case, exact=case.endswith("fp32"))
+        _check(result, case, exact=parse_case(case)[1] == "fp32")
         expected = torch.load(FIXTURES / case / "expected.pt", weights_only=True)
         assert abs(result["losses"][0] - expected["losses"][0]) <= 1e-6, case
 
@@ -135,7 +141,7 @@ def test_the_masters_are_deepspeeds_zero_to_fp32_output() -> None:
     model = TinyNet()
     for case in CASES:
         ds = ds_format.read(FIXTURES / case / "global_step2")
-        assert ds.stage == _stage(case) and ds.world_size == 2
+        assert ds.stage == parse_case(case)[0] and ds.world_size == 2
         assert {n: tuple(t.shape) for n, t in ds.masters.items()} == {n: tuple(p.shape)
                                                                         for n, p in model.named_parameters()}
         assert set(ds.moments["fc1.weight"]) == {"exp_avg", "exp_avg_sq"}

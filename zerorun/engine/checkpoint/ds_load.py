@@ -54,6 +54,14 @@ def _bucket_payload(ds: DeepSpeedState, entry: BucketEntry) -> dict[str, Any]:
     return {"master": _flat([ds.masters[n] for n in names], entry.padded_numel), "state": opt}
 
 
+def _scheduler_state(saved: dict[str, Any] | None, scheduler: Any) -> dict[str, Any] | None:
+    """DeepSpeed's schedulers save only ``last_batch_iteration``; the rest (zerorun's ``base_lrs``) is the
+    loading engine's own, which comes from the same configuration."""
+    if saved is None or scheduler is None or not hasattr(scheduler, "state_dict"):
+        return saved
+    return {**scheduler.state_dict(), **saved}
+
+
 def _engine_state(ds: DeepSpeedState, engine: Any) -> dict[str, Any]:
     saved = ds.model_state
     steps = int(saved.get("global_steps", 0))
@@ -61,7 +69,7 @@ def _engine_state(ds: DeepSpeedState, engine: Any) -> dict[str, Any]:
         "counters": {"global_steps": steps, "micro_steps": steps * engine.gradient_accumulation_steps(),
                      "skipped_steps": int(saved.get("skipped_steps", 0))},
         "scaler": asdict(engine.scaler),  # bf16/fp32 run without a scale; fp16 restarts from the configured one
-        "scheduler": saved.get("lr_scheduler"),
+        "scheduler": _scheduler_state(saved.get("lr_scheduler"), engine.lr_scheduler),
         "param_groups": [{k: v for k, v in g.items() if k not in _IMPLEMENTATION_FLAGS} for g in ds.hyper],
         "rng": small_state.capture_rng(),  # restoring it is a no-op: DeepSpeed saves no RNG
         "data": None,
