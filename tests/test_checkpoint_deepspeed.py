@@ -146,3 +146,20 @@ def test_the_masters_are_deepspeeds_zero_to_fp32_output() -> None:
                                                                         for n, p in model.named_parameters()}
         assert set(ds.moments["fc1.weight"]) == {"exp_avg", "exp_avg_sq"}
         assert int(ds.extra["calls"]) == STEPS_BEFORE
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_loss_scale_continues_only_on_an_fp16_engine(precision: str) -> None:
+    """DeepSpeed fp16 does not run on CPU, so no fixture: DeepSpeed's LossScaler attributes, as its files hold them."""
+    import zerorun
+    from zerorun.engine.checkpoint.ds_load import _scaler_state
+
+    cfg = {"train_micro_batch_size_per_gpu": 1, precision: {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": LR}}}
+    engine, *_ = zerorun.initialize(model=torch.nn.Linear(2, 2), config=cfg)
+    saved = {"cur_scale": 1024.0, "cur_iter": 7, "last_overflow_iter": 3, "cur_hysteresis": 1, "dynamic": True}
+    got = _scaler_state(saved, engine)
+    if precision == "fp16":
+        assert got == {"scale": 1024.0, "iteration": 7, "last_overflow_iter": 3, "hysteresis_left": 1}
+    else:
+        assert got["scale"] == engine.scaler.scale == 1.0

@@ -46,6 +46,7 @@ class DeepSpeedState:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # buffers and frozen parameters
     aliases: dict[str, str] = field(default_factory=dict)  # tied name -> stored name
     model_state: dict[str, Any] = field(default_factory=dict)  # rank 0's model-states file
+    loss_scaler: dict[str, Any] = field(default_factory=dict)  # DeepSpeed's LossScaler attributes (cur_scale, ...)
 
     def client_state(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_state.items() if k not in DEEPSPEED_KEYS}
@@ -156,4 +157,5 @@ def read(tag_dir: Path) -> DeepSpeedState:
     buffers = {k: v for k, v in rank0["module"].items() if k in set(rank0.get("buffer_names", []))}
     return DeepSpeedState(stage=stage, world_size=world, groups=groups, masters=masters, moments=moments,
                           scalars=scalars, hyper=per_rank[0][1], extra={**buffers, **_frozen(model_states, stage)},
-                          aliases=dict(rank0.get("shared_params", {})), model_state=rank0)
+                          aliases=dict(rank0.get("shared_params", {})), model_state=rank0,
+                          loss_scaler=dict(getattr(optims[0].get("loss_scaler"), "state", None) or {}))

@@ -62,13 +62,23 @@ def _scheduler_state(saved: dict[str, Any] | None, scheduler: Any) -> dict[str, 
     return {**scheduler.state_dict(), **saved}
 
 
+def _scaler_state(saved: dict[str, Any], engine: Any) -> dict[str, Any]:
+    """An fp16 engine continues from DeepSpeed's loss scale; bf16 and fp32 engines keep their unit scale."""
+    state = asdict(engine.scaler)
+    if engine.precision.name != "fp16" or "cur_scale" not in saved:
+        return state
+    return {**state, "scale": float(saved["cur_scale"]), "iteration": int(saved.get("cur_iter", 0)),
+            "last_overflow_iter": int(saved.get("last_overflow_iter", -1)),
+            "hysteresis_left": int(saved.get("cur_hysteresis", state["hysteresis_left"]))}
+
+
 def _engine_state(ds: DeepSpeedState, engine: Any) -> dict[str, Any]:
     saved = ds.model_state
     steps = int(saved.get("global_steps", 0))
     return {
         "counters": {"global_steps": steps, "micro_steps": steps * engine.gradient_accumulation_steps(),
                      "skipped_steps": int(saved.get("skipped_steps", 0))},
-        "scaler": asdict(engine.scaler),  # bf16/fp32 run without a scale; fp16 restarts from the configured one
+        "scaler": _scaler_state(ds.loss_scaler, engine),
         "scheduler": _scheduler_state(saved.get("lr_scheduler"), engine.lr_scheduler),
         "param_groups": [{k: v for k, v in g.items() if k not in _IMPLEMENTATION_FLAGS} for g in ds.hyper],
         "rng": small_state.capture_rng(),  # restoring it is a no-op: DeepSpeed saves no RNG
