@@ -74,16 +74,22 @@ def _resume_all(rank: int, world: int, gas: int, runs: list[tuple[str, int]]) ->
     out = {}
     for case, stage in runs:
         torch.manual_seed(1)
-        _, dtype, warmup = parse_case(case)
-        cfg = config(stage, dtype, GLOBAL_BATCH // (world * gas), world, warmup)
-        engine, *_ = zerorun.initialize(model=TinyNet(), config=cfg)
+        _, dtype, options = parse_case(case)
+        cfg = config(stage, dtype, GLOBAL_BATCH // (world * gas), world, **options)
+        engine, *_ = zerorun.initialize(model=TinyNet(options["extras"]), config=cfg)
         out[(case, stage)] = _resume(engine, rank, world, case, gas)
     return out
 
 
+def _expected(case: str) -> dict:
+    """DeepSpeed's resume from ``case``; an elastic case resumes as its rigid twin (the same training state)."""
+    expected = torch.load(FIXTURES / case / "expected.pt", weights_only=True)
+    return _expected(expected["resume_as"]) if "resume_as" in expected else expected
+
+
 def _check(got: dict, case: str, exact: bool = True) -> None:
     """Within 1e-6 of DeepSpeed's resume; ``exact=False``: bf16 parity tolerances (tests/test_engine_parity.py)."""
-    expected = torch.load(FIXTURES / case / "expected.pt", weights_only=True)
+    expected = _expected(case)
     loss_tol, rtol, atol = (1e-6, 0.0, 1e-6) if exact else (2**-8, 2**-7, 0.1 * LR * STEPS_AFTER)
     assert got["losses"] == pytest.approx(expected["losses"], abs=1e-6, rel=0 if exact else loss_tol), case
     for name, ref in expected["params"].items():
@@ -91,6 +97,10 @@ def _check(got: dict, case: str, exact: bool = True) -> None:
                                    msg=lambda m, name=name: f"{case} {name}: {m}")
     assert got["global_steps"] == expected["global_steps"]
     assert got["lrs"] == pytest.approx(expected["lrs"], rel=1e-12)  # the schedule continued where it was
+    for name, ref in expected["frozen"].items():  # frozen parameters: DeepSpeed's values, not the fresh model's
+        assert torch.equal(got["params"][name], ref), f"{case} {name}"
+    if "mix.weight" in expected["params"]:
+        assert got["params"]["mix_again.weight"] is got["params"]["mix.weight"]  # the tie survives
     assert got["calls_at_load"] == STEPS_BEFORE  # the buffer came from the checkpoint (a fresh model holds 0)
     assert got["client"]["ds_version"] == "0.19.8"  # DeepSpeed's client state: the keys that are not its own
 
@@ -114,8 +124,7 @@ def test_deepspeed_checkpoints_reshard_into_one_rank() -> None:
     got = run_distributed(_resume_all, 1, 2, runs, timeout=300)[0]
     for (case, _), result in got.items():
         _check(result, case, exact=parse_case(case)[1] == "fp32")
-        expected = torch.load(FIXTURES / case / "expected.pt", weights_only=True)
-        assert abs(result["losses"][0] - expected["losses"][0]) <= 1e-6, case
+        assert abs(result["losses"][0] - _expected(case)["losses"][0]) <= 1e-6, case
 
 
 def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
@@ -134,18 +143,25 @@ def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
 
 
 def test_the_masters_are_deepspeeds_zero_to_fp32_output() -> None:
-    """The flat layouts undone: the masters equal the fp32 weights DeepSpeed resumed from (its trajectory's
-    first loss is exact, checked above) and have the model's shapes and names."""
+    """The flat layouts undone: masters, buffers and frozen parameters equal what DeepSpeed's own
+    ``get_fp32_state_dict_from_zero_checkpoint`` read from the same files (recorded with each fixture)."""
     from zerorun.engine.checkpoint import ds_format
 
-    model = TinyNet()
     for case in CASES:
+        stage, _, options = parse_case(case)
         ds = ds_format.read(FIXTURES / case / "global_step2")
-        assert ds.stage == parse_case(case)[0] and ds.world_size == 2
-        assert {n: tuple(t.shape) for n, t in ds.masters.items()} == {n: tuple(p.shape)
-                                                                        for n, p in model.named_parameters()}
+        assert ds.stage == stage and ds.world_size == 2
+        model = TinyNet(options["extras"])
+        trainable = {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+        assert {n: tuple(t.shape) for n, t in ds.masters.items()} == trainable, case
         assert set(ds.moments["fc1.weight"]) == {"exp_avg", "exp_avg_sq"}
         assert int(ds.extra["calls"]) == STEPS_BEFORE
+        reference = torch.load(FIXTURES / case / "expected.pt", weights_only=True)["zero_to_fp32"]
+        for name, want in reference.items():
+            got = ds.masters.get(name, ds.extra.get(name))
+            if got is None:  # a tied name: DeepSpeed lists it, zerorun keeps it as an alias
+                got = ds.masters[ds.aliases[name]]
+            assert torch.equal(got.to(want.dtype), want), f"{case} {name}"
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

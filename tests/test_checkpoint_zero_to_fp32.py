@@ -109,7 +109,7 @@ runpy.run_path("zero_to_fp32.py", run_name="__main__")
     _assert_same(merged, want)
 
 
-@pytest.mark.parametrize("case", ["stage2_fp32", "stage3_bf16"])
+@pytest.mark.parametrize("case", ["stage2_fp32", "stage3_bf16", "stage2_fp32_elastic", "stage3_fp32_extras"])
 def test_deepspeed_checkpoints_convert_as_deepspeed_converts_them(case: str, tmp_path: Path) -> None:
     from zerorun.engine.checkpoint.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

@@ -82,10 +82,12 @@ def _stage3_all(flats: list[torch.Tensor], shapes: dict[str, tuple[int, ...]]) -
 def _group_states(sd: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per flat group: the torch optimizer's state, and its param_groups (hyper-parameters)."""
     base = sd.get("base_optimizer_state" if stage < 3 else "optimizer_state_dict")
+    if isinstance(base, list):  # elastic_checkpoint: per group, the state of the rank's slice, padding cut off
+        step = sd.get("base_optimizer_state_step")
+        return [{**({"step": step} if step is not None else {}), **s} for s in base], []
     if not isinstance(base, dict) or "state" not in base:
-        raise CheckpointError("the DeepSpeed optimizer states are missing or elastic (a list per group)",
-                              "save the checkpoint with DeepSpeed's default zero_optimization.elastic_checkpoint "
-                              "false, or load with load_optimizer_states=False")
+        raise CheckpointError("the DeepSpeed optimizer states are missing from the *_optim_states.pt files",
+                              "load a checkpoint saved with its optimizer (DeepSpeed's save_checkpoint writes it)")
     groups = base["param_groups"]
     states = [base["state"].get(i, {}) for i in range(len(groups))]
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
