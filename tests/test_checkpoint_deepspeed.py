@@ -140,6 +140,11 @@ def test_a_missing_rank_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "s3" / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
     with pytest.raises(CheckpointError, match=r"model-states .* rank\(s\) \[0\] is missing"):
         ds_format.read(tmp_path / "s3")
+    for r in range(2):  # another save's model-states files: the shapes no longer fit the flat partitions
+        name = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"
+        shutil.copy(FIXTURES / "stage3_fp32_extras" / "global_step2" / name, tmp_path / "s3" / name)
+    with pytest.raises(CheckpointError, match="model-states and optimizer-states files do not match"):
+        ds_format.read(tmp_path / "s3")
 
 
 def test_the_masters_are_deepspeeds_zero_to_fp32_output() -> None:

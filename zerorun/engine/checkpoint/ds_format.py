@@ -56,9 +56,18 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+def _check_numel(wanted: int, have: int, at_most: bool) -> None:
+    """The parameter shapes must fill the flat vector (stage 3) or fit in it (stages 1-2: alignment padding)."""
+    if wanted > have or (not at_most and wanted != have):
+        raise CheckpointError(f"the DeepSpeed checkpoint's param_shapes need {wanted} elements of a flat "
+                              f"partition holding {have}: the model-states and optimizer-states files do not match",
+                              "copy the model-states and *_optim_states.pt files of one save, from one tag directory")
+
+
 def _stage12_group(slices: list[torch.Tensor], shapes: dict[str, tuple[int, ...]],
                    paddings: list[int] | None) -> dict[str, torch.Tensor]:
     flat = torch.cat([s.reshape(-1) for s in slices])
+    _check_numel(sum(_numel(s) for s in shapes.values()) + sum(paddings or ()), flat.numel(), at_most=True)
     out: dict[str, torch.Tensor] = {}
     offset = 0
     for i, (name, shape) in enumerate(shapes.items()):
@@ -69,6 +78,7 @@ def _stage12_group(slices: list[torch.Tensor], shapes: dict[str, tuple[int, ...]
 
 def _stage3_all(flats: list[torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     world = len(flats)
+    _check_numel(sum(math.ceil(_numel(s) / world) for s in shapes.values()), flats[0].numel(), at_most=False)
     out: dict[str, torch.Tensor] = {}
     offset = 0
     for name, shape in shapes.items():
