@@ -2,7 +2,9 @@
 
 ``consolidate(checkpoint_dir)`` reassembles every parameter from the saved chunks of
 all ranks (fp32 masters, or ``dtype``), adds the buffers and frozen parameters and the
-tied aliases, so ``model.load_state_dict(result)`` works on a plain ``nn.Module``.
+tied aliases, so ``model.load_state_dict(result)`` works on a plain ``nn.Module``. The
+reading is ``zero_to_fp32``'s (the script every save directory carries), so ``zerorun
+convert`` and DeepSpeed's entry points give one state dict; DeepSpeed checkpoints convert too.
 ``write_state_dict`` saves it as ``.pt`` (torch.save) or ``.safetensors`` (optional
 dependency).
 """
@@ -14,23 +16,23 @@ from pathlib import Path
 
 import torch
 
-from zerorun.engine.checkpoint import reshard
+from zerorun.engine.checkpoint import zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
-from zerorun.engine.checkpoint.load import read_manifest, read_rank, resolve
-from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST
+from zerorun.engine.checkpoint.load import is_tag, resolve
+from zerorun.engine.checkpoint.manifest import LATEST, MANIFEST
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def checkpoint_path(path: str | os.PathLike[str], tag: str | None = None) -> Path:
-    """Accept either a tag directory (holding a manifest) or a save directory (holding ``latest``)."""
+    """Accept either a tag directory (zerorun's or DeepSpeed's) or a save directory (holding ``latest``)."""
     p = Path(path)
-    if tag is None and (p / MANIFEST).is_file():
+    if tag is None and is_tag(p):
         return p
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint directory", "pass the save_dir given to save_checkpoint "
                               "(or one of its tag directories)")
-    if tag is None and not (p / LATEST).is_file() and not (p / MANIFEST).is_file():
+    if tag is None and not (p / LATEST).is_file():
         raise CheckpointError(f"{p} holds neither {MANIFEST} nor a '{LATEST}' file",
                               "pass the save_dir given to save_checkpoint or one of its tag directories")
     return resolve(p, tag)
@@ -38,31 +40,13 @@ def checkpoint_path(path: str | os.PathLike[str], tag: str | None = None) -> Pat
 
 def consolidate(path: str | os.PathLike[str], tag: str | None = None,
                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """The full state dict (``name -> tensor``) of the checkpoint at ``path``."""
-    ckpt = checkpoint_path(path, tag)
-    manifest = read_manifest(ckpt)
-    flat: dict[str, torch.Tensor] = {}
-    shapes = manifest.shapes()
-    for rank in range(manifest.world_size):
-        chunks = read_rank(ckpt, rank)["buckets"]
-        for piece in reshard.chunk_pieces(manifest.buckets, manifest.world_size, rank):
-            out = flat.setdefault(piece.name, torch.empty(max(1, _numel(shapes[piece.name])), dtype=dtype, device="cpu"))
-            src = chunks[piece.bucket]["master"].narrow(0, piece.pos, piece.length)
-            out.narrow(0, piece.start, piece.length).copy_(src)
-    result = {name: flat[name][:_numel(shape)].view(shape) for name, shape in shapes.items()}
-    if (ckpt / EXTRA).is_file():
-        for k, v in torch.load(ckpt / EXTRA, map_location="cpu", weights_only=True).items():
-            result[k] = v.to(dtype) if v.is_floating_point() else v
-    for alias, name in manifest.aliases.items():
-        result[alias] = result[name]
-    return result
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    """The full state dict (``name -> tensor``) of the checkpoint at ``path``; tied names share one tensor."""
+    state = zero_to_fp32.state_dict_of_tag(checkpoint_path(path, tag))
+    cast: dict[int, torch.Tensor] = {}
+    for name, value in state.items():
+        if value.is_floating_point():
+            state[name] = cast.setdefault(id(value), value.to(dtype))
+    return state
 
 
 def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:

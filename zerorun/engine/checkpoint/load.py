@@ -1,5 +1,8 @@
 """``engine.load_checkpoint``: validate the manifest against the model, then fill the owned ranges.
 
+A DeepSpeed ZeRO tag directory loads the same way: ``ds_load`` presents it as a zerorun
+checkpoint saved at world size 1 (the format is told by the files present).
+
 Each rank computes (``reshard.plan_copies``) which saved chunks overlap its owned
 ranges under the *current* world size and stage, reads only those rank files, copies the
 pieces into its fp32 masters and optimizer state, then publishes the masters into the
@@ -10,12 +13,14 @@ scheduler, RNG) comes from saved rank ``rank mod N``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from zerorun.engine.checkpoint import layout, reshard, state
+from zerorun.engine.checkpoint import ds_files, ds_format, ds_load, layout, reshard, state
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import (
     EXTRA,
@@ -33,8 +38,13 @@ def list_tags(root: Path) -> list[str]:
     """Complete tags under ``root`` (directories holding a manifest), oldest first."""
     if not root.is_dir():
         return []
-    tags = [d for d in root.iterdir() if not d.name.startswith(".") and (d / MANIFEST).is_file()]
+    tags = [d for d in root.iterdir() if not d.name.startswith(".") and is_tag(d)]
     return [d.name for d in sorted(tags, key=lambda d: (d.stat().st_mtime, d.name))]
+
+
+def is_tag(path: Path) -> bool:
+    """A complete zerorun tag (it holds a manifest) or a DeepSpeed tag directory."""
+    return (path / MANIFEST).is_file() or ds_files.is_deepspeed(path)
 
 
 def resolve(root: Path, tag: str | None) -> Path:
@@ -48,7 +58,7 @@ def resolve(root: Path, tag: str | None) -> Path:
                                   "pass tag= explicitly, or save_checkpoint() into this directory first")
         tag = latest.read_text().strip()
     path = root / tag
-    if (path / MANIFEST).is_file():
+    if is_tag(path):
         return path
     moved = root / f".{tag}.old"  # a re-save of this tag was interrupted between its two renames
     if (moved / MANIFEST).is_file():
@@ -132,7 +142,15 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
     (DeepSpeed never restores them, so by default the script's own seeding stands).
     """
     path = resolve(Path(load_dir), tag)
-    manifest = read_manifest(path)
+    if ds_files.is_deepspeed(path):
+        ds = ds_format.read(path)
+        manifest, payload = ds_load.as_zerorun(ds, engine)
+        read: Callable[[int], dict[str, Any]] = {0: payload}.__getitem__
+        extra: dict[str, torch.Tensor] | None = ds.extra
+    else:
+        manifest = read_manifest(path)
+        read = partial(read_rank, path)
+        extra = torch.load(path / EXTRA, map_location="cpu", weights_only=True) if (path / EXTRA).is_file() else None
     current, _ = layout.engine_layout(engine)
     check_model(manifest, path, current, strict)
     parts, index = layout.owned_parts(engine)
@@ -140,15 +158,14 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
                                  reshard.chunk_pieces(current, parts, index))
     own = engine.ctx.rank % manifest.world_size
     needed = set(reshard.ranks_to_read(copies)) | {own}
-    files = {r: read_rank(path, r) for r in sorted(needed)}
+    files = {r: read(r) for r in sorted(needed)}
     optimizer_states = load_optimizer_states and not load_module_only
     with resident(engine.parts.masters):
         _fill(engine, copies, files, optimizer_states)
         layout.publish_masters(engine)
-    if (path / EXTRA).is_file():
+    if extra is not None:
         with gathered_frozen(engine.parts, modifier_rank=0):  # stage 3: every rank keeps its chunk
-            engine.module.load_state_dict(torch.load(path / EXTRA, map_location="cpu", weights_only=True),
-                                          strict=False)
+            engine.module.load_state_dict(extra, strict=False)
     if not load_module_only:
         state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)
     engine.parts.grad_sync.zero()

@@ -55,6 +55,7 @@ class Manifest:
     global_steps: int = 0
     aliases: dict[str, str] = field(default_factory=dict)  # tied name -> the name stored
     optimizer: str = ""
+    frozen: list[str] = field(default_factory=list)  # names in extra.pt that are (frozen) parameters, not buffers
     format: str = FORMAT
 
     def shapes(self) -> dict[str, tuple[int, ...]]:

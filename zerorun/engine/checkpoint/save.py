@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from zerorun import __version__
-from zerorun.engine.checkpoint import atomic, layout, state
+from zerorun.engine.checkpoint import atomic, layout, state, zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
 from zerorun.engine.offload.resident import resident
@@ -99,14 +100,24 @@ def write_extra(engine: Any, staging: Path) -> None:
     atomic.torch_save(layout.extra_state(engine.module, stored, aliases), staging / EXTRA)
 
 
+def write_recovery_script(root: Path) -> None:
+    """``root/zero_to_fp32.py``, as DeepSpeed writes its own: ``python zero_to_fp32.py . out_dir`` needs only torch."""
+    script = root / zero_to_fp32.SCRIPT_NAME
+    atomic.write_bytes(script, Path(zero_to_fp32.__file__).read_bytes())
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
 def _commit(engine: Any, root: Path, tag: str, save_latest: bool) -> None:
     """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
     entries, aliases = layout.engine_layout(engine)
+    stored = {p.name for b in entries for p in b.params}
+    frozen = [n for n, _ in engine.module.named_parameters() if n not in stored]
     manifest = Manifest(world_size=engine.ctx.world_size, stage=engine.zero_stage, dtype=engine.precision.name,
                         zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
-                        aliases=aliases, optimizer=type(engine.optimizer).__name__)
+                        aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
     staging, final, old = staging_dir(root, tag), root / tag, previous_dir(root, tag)
     atomic.write_text(staging / MANIFEST, manifest.to_json())
+    write_recovery_script(root)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         atomic.rename_dir(final, old)

@@ -1,0 +1,116 @@
+"""Find and read the files of a DeepSpeed ZeRO checkpoint tag, without DeepSpeed installed.
+
+A tag directory written by DeepSpeed 0.19.8 holds (``mp_rank_00``: zerorun reads no
+tensor-parallel checkpoints):
+
+- stages 1-2: ``mp_rank_00_model_states.pt``; stage 3: ``zero_pp_rank_R_mp_rank_00_model_states.pt``
+  for every data-parallel rank R (the module state dict, with the parameters as empty
+  placeholders at stage 3, the parameter names and shapes per group, the counters, the
+  scheduler and the client's keys);
+- ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` per rank R (``bf16_zero_pp_rank_...`` when
+  bf16 was on): the rank's slice of the fp32 masters and the optimizer state.
+
+The optimizer files pickle a few DeepSpeed classes (the loss scaler, the stage enum, the
+slice addresses); :class:`_Unpickler` reads them as plain stand-ins, so no DeepSpeed
+import is needed.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerorun.engine.checkpoint.errors import CheckpointError
+
+MODEL_FILE = "mp_rank_00_model_states.pt"
+_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_MODEL3 = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+
+
+class DeepSpeedObject:
+    """Stand-in for a pickled DeepSpeed object: keeps its constructor arguments and its state."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DeepSpeedObject:
+        obj = super().__new__(cls)
+        obj.args = args
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __int__(self) -> int:  # ZeroStageEnum(1) unpickles as DeepSpeedObject(1)
+        return int(self.args[0])
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "deepspeed" or module.startswith("deepspeed."):
+            return type(name, (DeepSpeedObject,), {"__module__": "zerorun.engine.checkpoint.ds_files"})
+        return super().find_class(module, name)
+
+
+class _PickleModule:
+    """What ``torch.load(pickle_module=...)`` needs: an ``Unpickler`` and a ``load``."""
+
+    Unpickler = _Unpickler
+
+    @staticmethod
+    def load(file: Any, **kwargs: Any) -> Any:
+        return _Unpickler(file, **kwargs).load()
+
+
+def load(file: Path) -> dict[str, Any]:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False, pickle_module=_PickleModule)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{file}: cannot read this DeepSpeed checkpoint file ({e})",
+                              "the checkpoint is incomplete or damaged; load an earlier tag") from e
+
+
+def is_deepspeed(tag_dir: Path) -> bool:
+    """A DeepSpeed tag directory: it holds DeepSpeed's model-states or optimizer-states files."""
+    return tag_dir.is_dir() and any(_OPTIM.match(f.name) or _MODEL3.match(f.name) or f.name == MODEL_FILE
+                                    for f in tag_dir.iterdir())
+
+
+def _ranked(tag_dir: Path, pattern: re.Pattern[str], what: str) -> list[Path]:
+    """The files matching ``pattern`` in rank order; every rank 0..N-1 present, model parallel rank 00 only."""
+    found: dict[int, Path] = {}
+    for f in tag_dir.iterdir():
+        m = pattern.match(f.name)
+        if m is None:
+            continue
+        if int(m.groups()[-1]) != 0:
+            raise CheckpointError(f"{f}: a tensor-parallel DeepSpeed checkpoint (model-parallel rank "
+                                  f"{m.groups()[-1]})", "zerorun loads data-parallel ZeRO checkpoints "
+                                  "(mp_rank_00 only); convert it with DeepSpeed's universal checkpoint first")
+        found[int(m.groups()[-2])] = f
+    missing = sorted(set(range(max(found) + 1)) - set(found)) if found else [0]
+    if missing:
+        raise CheckpointError(f"{tag_dir}: the DeepSpeed {what} file of rank(s) {missing} is missing "
+                              f"(found {len(found)})", "copy the whole tag directory that every rank wrote, "
+                              "or load an earlier tag")
+    return [found[r] for r in range(len(found))]
+
+
+def optim_files(tag_dir: Path) -> list[Path]:
+    """``*_optim_states.pt`` of ranks 0..N-1, in rank order."""
+    return _ranked(tag_dir, _OPTIM, "optimizer-states (*_optim_states.pt)")
+
+
+def model_files(tag_dir: Path, stage: int) -> list[Path]:
+    """The model-states files: one (``mp_rank_00_model_states.pt``) at stages 1-2, one per rank at stage 3."""
+    if stage == 3:
+        return _ranked(tag_dir, _MODEL3, "model-states (zero_pp_rank_R_mp_rank_00_model_states.pt)")
+    file = tag_dir / MODEL_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{tag_dir}: {MODEL_FILE} is missing from this stage-{stage} DeepSpeed checkpoint",
+                              "copy the whole tag directory DeepSpeed wrote (rank 0 writes this file)")
+    return [file]
