@@ -1,5 +1,7 @@
-"""``deepspeed.runtime.activation_checkpointing``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.runtime.activation_checkpointing``: not implemented by zerorun. Importing it (and any module under it) works;
+using any of its names raises UnsupportedFeature naming the feature."""
 
-from zerorun.compat.unsupported import unsupported_module
+from zerorun.compat.lazy import unsupported_names
 
-unsupported_module("DeepSpeed's activation checkpointing (deepspeed.runtime.activation_checkpointing; use torch.utils.checkpoint)")
+__zerorun_unsupported__ = "DeepSpeed's activation checkpointing (deepspeed.runtime.activation_checkpointing; use torch.utils.checkpoint)"
+__getattr__ = unsupported_names(__zerorun_unsupported__)
