@@ -12,6 +12,7 @@ from typing import Any
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
 from zerorun.compat.comm import init_distributed
+from zerorun.compat.config import DeepSpeedConfig
 from zerorun.compat.unsupported import unsupported, unsupported_class
 from zerorun.engine import api
 from zerorun.engine.api import add_config_arguments
@@ -76,7 +77,7 @@ def add_tuning_arguments(parser: Any) -> Any:
     unsupported("autotuning flags (deepspeed.add_tuning_arguments)", "use `zerorun autotune SCRIPT --config FILE`")
 
 
-__all__ = ["DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
+__all__ = ["DeepSpeedConfig", "DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
            "InferenceEngine", "OnDevice", "PipelineEngine", "PipelineModule", "__version__",
            "add_config_arguments", "add_tuning_arguments", "init_distributed", "init_inference", "initialize",
            "tp_model_init", "zero"]
