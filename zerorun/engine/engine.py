@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from zerorun.autotune.hook import recorder_for
-from zerorun.engine import figures, loss_scaler
+from zerorun.engine import figures, fragments, loss_scaler
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
@@ -75,6 +75,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
+        fragments.register(self)  # deepspeed.utils.safe_get_full_*(param) find the engine from the parameter
 
     # ---- the training loop -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
