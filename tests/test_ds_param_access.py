@@ -130,3 +130,43 @@ def test_full_and_local_accessors_match_the_reference_at_every_stage() -> None:
         assert dict(got["units"])["0"] == 1  # the leaf's Linear is in the leaf's own bucket
         for g, want in zip(got["params"], ref["params"][-1], strict=True):
             torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+def _batch_and_cache(rank: int, world: int) -> dict:
+    x, y = _data()
+    model = _model()
+    cfg = {**_config(3), "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = zerorun.initialize(model=model, config=cfg)
+    out: dict = {}
+    try:
+        engine.set_train_batch_size(6)
+    except ValueError as e:
+        out["error"] = str(e)
+    engine.set_train_batch_size(16)  # 2 micro-steps of 4 per rank
+    out["gas"] = engine.gradient_accumulation_steps(), engine.train_batch_size()
+    for micro in range(2):
+        rows = slice((rank * 2 + micro) * 2, (rank * 2 + micro + 1) * 2)  # the global batch of 8, in quarters
+        engine.backward(nn.functional.mse_loss(engine(x[rows]), y[rows]))
+        engine.step()
+    out["steps"] = engine.global_steps
+    out["params"] = [ds_utils.safe_get_full_fp32_param(p) for p in model.parameters()]
+    with torch.no_grad():
+        engine(x[:2])  # gathers units; the forward releases most, the cache call releases the rest
+    out["live_before_empty"] = sorted(engine.parts.coordinator.live)
+    engine.empty_partition_cache()
+    out["live_after_empty"] = sorted(engine.parts.coordinator.live)
+    engine.destroy()
+    return out
+
+
+def test_set_train_batch_size_changes_accumulation_and_empty_partition_cache_releases() -> None:
+    """A batch of 16 over 2 ranks of micro-batch 4 is 2 accumulation steps: one optimizer step over all 8
+    rows (each micro-batch of 2 rows counts 1/4), as the reference's one full-batch step."""
+    ref = _reference()
+    per_rank = run_distributed(_batch_and_cache, 2, timeout=240)
+    for got in per_rank:
+        assert "multiple of train_micro_batch_size_per_gpu (4) x data-parallel world size (2) = 8" in got["error"]
+        assert got["gas"] == (2, 16) and got["steps"] == 1 and got["live_after_empty"] == []
+        assert got["live_before_empty"], "nothing was gathered: the case would not test the release"
+        for g, want in zip(got["params"], ref["params"][0], strict=True):
+            torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)

@@ -155,6 +155,27 @@ class DeepSpeedSurface:
                               "leave the no_sync() block, run the last backward outside it, then step() "
                               "(as DeepSpeed requires)")
 
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """Change the global batch by changing the accumulation steps (the micro-batch stays), as DeepSpeed.
+
+        Call it between optimizer steps: the new count applies from the next micro-step.
+        """
+        per_pass = int(self.config.train_micro_batch_size_per_gpu) * self.dp_world_size
+        if train_batch_size <= 0 or train_batch_size % per_pass:
+            raise ValueError(f"train batch size {train_batch_size} must be a positive multiple of "
+                             f"train_micro_batch_size_per_gpu ({self.config.train_micro_batch_size_per_gpu}) x "
+                             f"data-parallel world size ({self.dp_world_size}) = {per_pass}")
+        self.config = self.config.model_copy(update={"train_batch_size": train_batch_size,
+                                                     "gradient_accumulation_steps": train_batch_size // per_pass})
+        self.throughput.samples_per_step = train_batch_size
+
+    def empty_partition_cache(self) -> None:
+        """Release the gathered stage-3 parameters that are not persistent (DeepSpeed's use: before
+        generation or evaluation frees memory); other stages hold no partition cache."""
+        coordinator = getattr(self.parts, "coordinator", None)
+        for bi in sorted(getattr(coordinator, "live", ())):
+            coordinator._release_now(bi)  # persistent buckets stay, as the step's refresh expects
+
     # ---- the module ----------------------------------------------------------------------------
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False,
                           exclude_frozen_parameters: bool = False) -> dict[str, Any]:

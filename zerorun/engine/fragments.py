@@ -44,7 +44,11 @@ class Fragment:
     owned_start: int  # into the owned tensors (master, gradient, optimizer state) of the bucket
     param_start: int  # into the parameter, flattened
     numel: int
-    param_numel: int
+    shape: torch.Size  # the parameter's full shape (a released stage-3 parameter may show another)
+
+    @property
+    def param_numel(self) -> int:
+        return self.shape.numel()
 
 
 def fragment(engine: Any, param: torch.Tensor) -> Fragment | None:
@@ -58,8 +62,8 @@ def fragment(engine: Any, param: torch.Tensor) -> Fragment | None:
                 else (0, bucket.plan.padded_numel)
             start, end = max(slot.offset, lo), min(slot.offset + slot.numel, hi)
             if end <= start:  # none of it on this rank (narrow() wants a start inside the tensor)
-                return Fragment(bi, 0, 0, 0, slot.numel)
-            return Fragment(bi, start - lo, start - slot.offset, end - start, slot.numel)
+                return Fragment(bi, 0, 0, 0, slot.shape)
+            return Fragment(bi, start - lo, start - slot.offset, end - start, slot.shape)
     return None
 
 
@@ -98,7 +102,7 @@ def full(engine: Any, param: torch.Tensor, what: str) -> torch.Tensor | None:
     out.narrow(0, frag.param_start, frag.numel).copy_(piece)
     if engine.parts.masters.sharded:
         engine.coll.all_reduce(out)
-    return out.view(param.shape)
+    return out.view(frag.shape)
 
 
 def set_full(engine: Any, param: torch.Tensor, value: torch.Tensor, what: str) -> None:
