@@ -1,7 +1,3 @@
-"""``deepspeed.checkpointing``: not implemented by zerorun. Importing it (and any module under it) works;
-using any of its names raises UnsupportedFeature naming the feature."""
+"""``deepspeed.checkpointing`` -> :mod:`zerorun.compat.checkpointing`."""
 
-from zerorun.compat.lazy import unsupported_names
-
-__zerorun_unsupported__ = "DeepSpeed's activation checkpointing (deepspeed.checkpointing; use torch.utils.checkpoint)"
-__getattr__ = unsupported_names(__zerorun_unsupported__)
+from zerorun.compat.checkpointing import *  # noqa: F403

@@ -1,7 +1,3 @@
-"""``deepspeed.runtime.activation_checkpointing``: not implemented by zerorun. Importing it (and any module under it) works;
-using any of its names raises UnsupportedFeature naming the feature."""
+"""``deepspeed.runtime.activation_checkpointing``: its ``checkpointing`` module is :mod:`zerorun.compat.checkpointing`."""
 
-from zerorun.compat.lazy import unsupported_names
-
-__zerorun_unsupported__ = "DeepSpeed's activation checkpointing (deepspeed.runtime.activation_checkpointing; use torch.utils.checkpoint)"
-__getattr__ = unsupported_names(__zerorun_unsupported__)
+from . import checkpointing  # noqa: F401
