@@ -174,7 +174,7 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
     buckets, units, group_of_bucket = plan.buckets, plan.units, plan.group_of_bucket
     # same-host gloo ranks gather and reduce through shared memory (a slot holds the largest unit)
     coll.open_shared_lane(max((b.plan.padded_numel for b in buckets + plan.frozen), default=1))
-    module.to(precision.compute_dtype)  # buffers (already on the device); every parameter is a cast bucket
+    # every parameter is a cast bucket; buffers keep their dtype (see build.cast_parameters)
     policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
                           max_live=int(zero_cfg.stage3_max_live_parameters),
                           max_reuse=int(zero_cfg.stage3_max_reuse_distance))
