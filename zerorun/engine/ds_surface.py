@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from zerorun.engine.errors import EngineError, rank_prefixed
 
 
@@ -175,6 +177,23 @@ class DeepSpeedSurface:
         coordinator = getattr(self.parts, "coordinator", None)
         for bi in sorted(getattr(coordinator, "live", ())):
             coordinator._release_now(bi)  # persistent buckets stay, as the step's refresh expects
+
+    def torch_autocast_enabled(self) -> bool:
+        return bool(self.config.torch_autocast.enabled)
+
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.torch_autocast_enabled() else None
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's autocast, as DeepSpeed 0.19.8's ``autocast_if_enabled``: the config's
+        ``torch_autocast`` when enabled; otherwise an autocast the caller opened is switched off
+        inside the engine (the fp16/bf16 blocks decide the precision)."""
+        device = self.ctx.device.type
+        if self.torch_autocast_enabled():
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        if torch.is_autocast_enabled(device):
+            return torch.autocast(device_type=device, enabled=False)
+        return contextlib.nullcontext()
 
     # ---- the module ----------------------------------------------------------------------------
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False,

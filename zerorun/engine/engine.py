@@ -86,7 +86,8 @@ class Engine(DeepSpeedSurface, HfSurface):
         dtype = self.precision.compute_dtype
         if dtype != torch.float32:
             args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
-        return self.module(*args, **kwargs)
+        with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
+            return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""
