@@ -46,6 +46,21 @@ NO_EFFECT: dict[str, str] = {
     "checkpoint.use_node_local_storage": "checkpoints are written to the given directory",
     "checkpoint.parallel_write.pipeline_stage": "there is no pipeline",
     "zero_force_ds_cpu_optimizer": "any torch optimizer steps offloaded shards",
+    "amp.opt_level": "apex AMP is not run (amp.enabled is refused)",
+    "amp.loss_scale": "apex AMP is not run (amp.enabled is refused)",
+    "amp.min_loss_scale": "apex AMP is not run (amp.enabled is refused)",
+    "amp.max_loss_scale": "apex AMP is not run (amp.enabled is refused)",
+    "amp.keep_batchnorm_fp32": "apex AMP is not run (amp.enabled is refused)",
+    "amp.master_weights": "apex AMP is not run (amp.enabled is refused)",
+    "amp.cast_model_type": "apex AMP is not run (amp.enabled is refused)",
+    "amp.patch_torch_functions": "apex AMP is not run (amp.enabled is refused)",
+    "amp.verbosity": "apex AMP is not run (amp.enabled is refused)",
+    "flops_profiler.recompute_fwd_factor": "there is no flops profiler",
+    "flops_profiler.profile_step": "there is no flops profiler",
+    "flops_profiler.module_depth": "there is no flops profiler",
+    "flops_profiler.top_modules": "there is no flops profiler",
+    "flops_profiler.detailed": "there is no flops profiler",
+    "flops_profiler.output_file": "there is no flops profiler",
 }
 """Dotted key -> what the engine does regardless of it."""
 
