@@ -22,6 +22,7 @@ from zerorun.compat.leaf_modules import (  # noqa: F401  deepspeed.utils exports
     z3_leaf_module,
     z3_leaf_parameter,
 )
+from zerorun.compat.runtime_utils import RepeatingLoader  # noqa: F401  deepspeed.utils exports it
 from zerorun.engine import fragments
 
 logger = logging.getLogger("DeepSpeed")
@@ -143,7 +144,7 @@ def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, opt
     fragments.set_local(_local_engine(param, "safe_set_local_optimizer_state"), param, value, optim_state_key)
 
 
-__all__ = ["get_z3_leaf_modules", "log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param",
+__all__ = ["RepeatingLoader", "get_z3_leaf_modules", "log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param",
            "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
            "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_grad", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
