@@ -77,7 +77,8 @@ ENGINE_MEMBERS = ("backward", "step", "zero_grad", "save_checkpoint", "load_chec
                   "get_global_grad_norm", "set_gradient_accumulation_boundary", "is_gradient_accumulation_boundary",
                   "zero_optimization_stage", "zero_gather_16bit_weights_on_model_save", "gradient_accumulation_steps",
                   "train_micro_batch_size_per_gpu", "get_lr", "lr_scheduler", "module", "optimizer", "global_steps",
-                  "local_rank", "set_train_batch_size", "empty_partition_cache", "torch_autocast_enabled")
+                  "local_rank", "set_train_batch_size", "empty_partition_cache", "torch_autocast_enabled",
+                  "offload_states", "reload_states")
 """Engine members the integrations and scripts call (transformers, accelerate, TRL, examples)."""
 
 PENDING = [
@@ -86,7 +87,6 @@ PENDING = [
      "in progress: the Hugging Face fine-tuning stack at stage 3"),
     ("engine", "`optimizer.parameter_offload`, `optimizer.overflow`, an engine without optimizer, dotted config "
                "keys", "TRL, accelerate", "in progress: the Hugging Face fine-tuning stack at stage 3"),
-    ("engine", "`offload_states`, `reload_states`", "RLHF frameworks, examples", "not yet implemented"),
     ("deepspeed.utils.zero_to_fp32", "`get_fp32_state_dict_from_zero_checkpoint`, "
                                      "`load_state_dict_from_zero_checkpoint`, "
                                      "`convert_zero_checkpoint_to_fp32_state_dict`", "transformers, examples",

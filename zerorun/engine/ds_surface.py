@@ -178,6 +178,22 @@ class DeepSpeedSurface:
         for bi in sorted(getattr(coordinator, "live", ())):
             coordinator._release_now(bi)  # persistent buckets stay, as the step's refresh expects
 
+    def offload_states(self, include: Any = None, device: Any = "cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move optimizer states, masters and parameters to host memory (see :mod:`zerorun.engine.offload_states`)."""
+        self._state_mover().offload(include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back what :meth:`offload_states` moved, to where it was."""
+        self._state_mover().reload(non_blocking)
+
+    def _state_mover(self) -> Any:
+        from zerorun.engine.offload_states import StateMover
+
+        if "_mover" not in self.__dict__:
+            self.__dict__["_mover"] = StateMover(self)
+        return self.__dict__["_mover"]
+
     def torch_autocast_enabled(self) -> bool:
         return bool(self.config.torch_autocast.enabled)
 
