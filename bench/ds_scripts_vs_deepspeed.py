@@ -37,6 +37,14 @@ def _cifar_config(stage: int) -> dict[str, Any]:
             "zero_optimization": {"stage": stage}}
 
 
+def _longtail_config(stage: int, autocast: bool) -> dict[str, Any]:
+    config: dict[str, Any] = {"train_batch_size": 8, "steps_per_print": 2000, "gradient_clipping": 0.0,
+                              "zero_optimization": {"stage": stage}}
+    if autocast:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    return config
+
+
 def _gan_config(stage: int) -> dict[str, Any]:
     return {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage}}
 
@@ -51,6 +59,15 @@ def cases() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
                                 "--samples", "32", "--out_dir", "{out}"], _gan_config(stage))
         out[f"bert-z{stage}"] = ("train_bert_ds.py", ["--zero_stage", str(stage), "--num_iterations", "6",
                                  "--checkpoint_every", "100", "--out_dir", "{out}"], None)
+    for stage in (1, 2, 3):  # a top-level MoE import, an op-builder probe, safe_get_full_grad, offload_states
+        # (DeepSpeed's stage-3 offload_states asserts its CUDA FusedAdam, which a CPU run cannot build)
+        offload = ["--offload_states"] if stage < 3 else []
+        out[f"longtail-z{stage}"] = ("longtail_deepspeed.py", ["--deepspeed", "--deepspeed_config", "{cfg}",
+                                     "--samples", "48", *offload, "--out_dir", "{out}"],
+                                     _longtail_config(stage, autocast=False))
+        out[f"autocast-z{stage}"] = ("longtail_deepspeed.py", ["--deepspeed", "--deepspeed_config", "{cfg}",
+                                     "--samples", "48", "--out_dir", "{out}"],
+                                     _longtail_config(stage, autocast=True))
     for stage in (2, 3):
         out[f"clm-z{stage}"] = ("run_clm.py", ["--deepspeed", str(SCRIPTS / f"ds_config_zero{stage}.json"),
                                 "--output_dir", "{out}", *TRAINER], None)

@@ -27,7 +27,6 @@ def _warnings_of(cfg: dict) -> list[str]:
 
 @pytest.mark.parametrize("cfg", [
     {"cuda_visible_devices": "0,1"},
-    {"torch_autocast": {"enabled": False, "dtype": "bfloat16"}},
     {"data_efficiency": {"enabled": False, "seed": 1234}},
     {"data_efficiency": {"data_sampling": {"enabled": False}}},  # DeepSpeed's enabled defaults to false
     {"compression_training": {"weight_quantization": {"shared_parameters": {"enabled": False}}}},
@@ -48,7 +47,6 @@ def test_keys_of_real_configs_load(cfg: dict) -> None:
 
 
 @pytest.mark.parametrize(("cfg", "feature"), [
-    ({"torch_autocast": {"enabled": True}}, "torch.autocast mixed precision"),
     ({"data_efficiency": {"enabled": True}}, "data efficiency"),
     ({"curriculum_learning": {"enabled": True}}, "curriculum learning"),
     ({"compression_training": {"sparse_pruning": {"shared_parameters": {"enabled": True}}}}, "compression training"),

@@ -64,21 +64,23 @@ def test_without_the_variable_there_is_no_deepspeed() -> None:
 
 
 UNSUPPORTED = [
-    ("import deepspeed.pipe", "pipeline parallelism"),
-    ("from deepspeed.pipe import PipelineModule", "pipeline parallelism"),
-    ("import deepspeed.moe", "mixture of experts"),
-    ("from deepspeed.ops.sparse_attention import SparseSelfAttention", "sparse attention"),
-    ("import deepspeed.inference", "inference injection"),
-    ("from deepspeed.ops.lamb import FusedLamb", "Lamb optimizer"),
-    ("from deepspeed.runtime.fp16.onebit import OnebitAdam", "1-bit optimizers"),
-    ("from deepspeed.profiling.flops_profiler import FlopsProfiler", "flops profiler"),
+    ("import deepspeed.pipe; deepspeed.pipe.PipelineModule(layers=[])", "pipeline parallelism"),
+    ("from deepspeed.pipe import LayerSpec; LayerSpec(None)", "pipeline parallelism"),
+    ("from deepspeed.moe.layer import MoE; MoE(hidden_size=8)", "mixture of experts"),
+    ("from deepspeed.ops.sparse_attention import SparseSelfAttention; SparseSelfAttention()", "sparse attention"),
+    ("import deepspeed.inference.engine as e; e.InferenceEngine(None)", "inference injection"),
+    ("from deepspeed.ops.lamb import FusedLamb; FusedLamb([])", "Lamb optimizer"),
+    ("from deepspeed.runtime.fp16.onebit import OnebitAdam; OnebitAdam([])", "1-bit optimizers"),
+    ("from deepspeed.profiling.flops_profiler import FlopsProfiler; FlopsProfiler(None)", "flops profiler"),
+    ("from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF; "
+     "UlyssesSPAttentionHF.register_with_transformers()", "deepspeed.runtime.sequence_parallel"),
     ("import deepspeed; deepspeed.init_inference(None)", "inference injection"),
     ("import deepspeed; deepspeed.PipelineModule(layers=[])", "pipeline parallelism"),
-    ("import deepspeed; deepspeed.checkpointing.configure(None)", "activation checkpointing"),
-    ("from deepspeed.runtime.lr_schedules import OneCycle; OneCycle(None)", "OneCycle"),
+    ("import deepspeed; deepspeed.moe.layer.MoE()", "mixture of experts"),
     ("from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('CPUAdamBuilder')",
      "op builders"),
 ]
+"""Each imports without error (as DeepSpeed scripts import at the top) and fails where the feature is used."""
 
 
 PROBE = """
@@ -91,12 +93,12 @@ for code in json.loads(sys.argv[1]):
     except Exception as e:
         out.append([type(e).__name__, str(e).splitlines()[0]])
 import deepspeed
-out.append([hasattr(deepspeed, "checkpointing"), hasattr(deepspeed, "nothing")])
+out.append([hasattr(deepspeed, "nothing"), hasattr(deepspeed.moe, "__all__")])
 print(json.dumps(out))
 """
 
 
-def test_what_zerorun_lacks_raises_one_error_naming_it() -> None:
+def test_what_zerorun_lacks_imports_and_raises_naming_it_on_use() -> None:
     """One interpreter runs every snippet (torch imports once); each must raise naming its feature."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"ZERORUN_AS_DEEPSPEED": "1", "OMP_NUM_THREADS": "1"})
@@ -107,7 +109,7 @@ def test_what_zerorun_lacks_raises_one_error_naming_it() -> None:
     for (code, feature), (kind, message) in zip(UNSUPPORTED, results, strict=True):
         assert kind.startswith("Unsupported") and feature in message and "not implemented by zerorun" in message, \
             (code, kind, message)
-    assert probes == [False, False]  # hasattr() feature probes stay quiet
+    assert probes == [False, False]  # unknown top-level names and dunders stay missing
 
 
 @pytest.fixture
@@ -135,3 +137,41 @@ def test_rank_env_puts_the_directory_first_once() -> None:
     env = rank_env({"ZERORUN_AS_DEEPSPEED": "1", "PYTHONPATH": f"/a{os.pathsep}{SITEDIR}"}, [])
     assert env == {"PYTHONPATH": f"{SITEDIR}{os.pathsep}/a"}
     assert rank_env({"ZERORUN_AS_DEEPSPEED": "0"}, []) == {} and rank_env({}, []) == {}
+
+
+MOE_HELPERS = """
+import json, torch
+import deepspeed
+from deepspeed.moe.utils import (configure_moe_param_groups, has_moe_layers, is_moe_param,
+                                 split_params_into_different_moe_groups_for_optimizer,
+                                 split_params_into_shared_and_expert_params)
+from deepspeed.moe.layer import MoE
+model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+params = list(model.parameters())
+groups = split_params_into_different_moe_groups_for_optimizer(({"params": params, "name": "a", "lr": 0.1},))
+wrapped = configure_moe_param_groups(params)
+shared, experts = split_params_into_shared_and_expert_params(params)
+moe = [is_moe_param(p) for p in params]
+params[0].allreduce = False  # how DeepSpeed marks an expert parameter
+try:
+    split_params_into_different_moe_groups_for_optimizer([{"params": params, "name": "a"}])
+    expert_error = ""
+except Exception as e:
+    expert_error = type(e).__name__ + ": " + str(e).splitlines()[0]
+print(json.dumps({"moe": moe, "layers": list(has_moe_layers(model)),
+                  "groups": [[len(g["params"]), g["name"], g["lr"]] for g in groups],
+                  "same": [g["params"] == params for g in groups],
+                  "wrapped": [[len(g["params"]), g["name"]] for g in wrapped],
+                  "split": [shared == params, experts], "instance": isinstance(model[0], MoE),
+                  "expert_error": expert_error}))
+"""
+
+
+def test_moe_helpers_give_deepspeeds_answer_for_a_model_without_experts() -> None:
+    out = _python(MOE_HELPERS)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["moe"] == [False] * 4 and got["layers"] == [False, 0] and got["instance"] is False
+    assert got["groups"] == [[4, "a", 0.1]] and got["same"] == [True]  # a tuple becomes a list, groups unchanged
+    assert got["wrapped"] == [[4, "dense-params"]] and got["split"] == [True, []]
+    assert got["expert_error"].startswith("UnsupportedFeature") and "mixture of experts" in got["expert_error"]

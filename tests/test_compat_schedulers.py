@@ -54,3 +54,46 @@ def test_engine_steps_the_schedule_as_deepspeed_does() -> None:
         engine.backward(engine(torch.ones(2, 3)).sum())
         engine.step()
     assert used == pytest.approx(expected[:6], rel=1e-9, abs=1e-12)
+
+
+# (lr, beta1, beta2) of every optimizer step, DeepSpeed 0.19.8's classes on AdamW (bench/ds_schedulers.py):
+# OneCycle cycles beta1 inversely to the lr and, as DeepSpeed does, sets beta2 to 0.99.
+CYCLES_0_19_8 = [
+    ("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 4, "cycle_second_step_size": 3,
+                  "decay_step_size": 2, "decay_lr_rate": 0.5, "decay_mom_rate": 0.1},
+     [[0.01, 0.8, 0.99], [0.0325, 0.875, 0.99], [0.055, 0.85, 0.99], [0.0775, 0.825, 0.99], [0.1, 0.8, 0.99],
+      [0.07, 0.833333333333, 0.99], [0.04, 0.866666666667, 0.99], [0.01, 0.9, 0.99], [0.008, 0.945, 0.99],
+      [0.006666666667, 0.99, 0.99], [0.005714285714, 1.035, 0.99], [0.005, 1.08, 0.99],
+      [0.004444444444, 1.125, 0.99], [0.004, 1.17, 0.99]]),
+    ("OneCycle", {"cycle_min_lr": 0.001, "cycle_max_lr": 0.05, "cycle_first_step_size": 5,
+                  "cycle_first_stair_count": 2},
+     [[0.001, 0.8, 0.99], [0.001, 0.9, 0.99], [0.001, 0.9, 0.99], [0.0255, 0.85, 0.99], [0.0255, 0.85, 0.99],
+      [0.05, 0.8, 0.99], [0.0255, 0.85, 0.99], [0.0255, 0.85, 0.99], [0.001, 0.9, 0.99], [0.001, 0.9, 0.99],
+      [0.001, 0.9, 0.99], [0.001, 0.9, 0.99], [0.001, 0.9, 0.99], [0.001, 0.9, 0.99]]),
+    ("LRRangeTest", {"lr_range_test_min_lr": 0.001, "lr_range_test_step_size": 3, "lr_range_test_step_rate": 2.0},
+     [[0.001 * (1 + 2.0 * k / 3), 0.9, 0.999] for k in range(14)]),
+    ("LRRangeTest", {"lr_range_test_min_lr": 0.002, "lr_range_test_step_size": 4, "lr_range_test_staircase": True},
+     [[0.002 * (1 + k // 4), 0.9, 0.999] for k in range(14)]),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "expected"), CYCLES_0_19_8)
+def test_one_cycle_and_range_test_equal_deepspeed(name: str, params: dict, expected: list[list[float]]) -> None:
+    from zerorun.compat import lr_schedules
+
+    for make in (lambda opt: build_scheduler(name, dict(params), opt),  # the config's scheduler block
+                 lambda opt: getattr(lr_schedules, name)(opt, **params)):  # deepspeed.runtime.lr_schedules
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.05)
+        sched = make(opt)
+        got = []
+        for _ in expected:
+            got += [opt.param_groups[0]["lr"], *opt.param_groups[0]["betas"]]
+            sched.step()
+        assert got == pytest.approx([x for row in expected for x in row], abs=1e-12)
+
+
+def test_one_cycle_leaves_an_optimizer_without_betas_alone() -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.05, momentum=0.5)
+    sched = build_scheduler("OneCycle", {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1, "cycle_first_step_size": 2}, opt)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.055) and "betas" not in opt.param_groups[0]

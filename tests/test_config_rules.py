@@ -59,10 +59,23 @@ def test_amp_is_rejected_when_enabled() -> None:
     assert load_config({"amp": {"enabled": False, "opt_level": "O2"}}).amp.opt_level == "O2"
 
 
-def test_master_weights_need_zero() -> None:
-    assert errors({"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}) == [
-        "<dict>: fp16.fp16_master_weights_and_grads: needs zero_optimization.stage 1, 2 or 3, but stage is 0"
-    ]
+def test_low_precision_masters_and_optimizer_states_are_refused() -> None:
+    why = ("is not supported: zerorun keeps the master weights, their gradients and the optimizer state in fp32 "
+           "(16 bytes per parameter, see `zerorun estimate`); remove it or set it to false")
+    assert errors({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}
+                  ) == [f"<dict>: fp16.fp16_master_weights_and_grads: {why}"]
+    assert errors({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+                  ) == [f"<dict>: bf16.bf16_master_weights_and_grads: {why}", f"<dict>: bf16.bf16_optimizer_states: {why}"]
+
+
+def test_torch_autocast_is_bfloat16_over_fp32_parameters() -> None:
+    assert load_config({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}).torch_autocast.enabled
+    assert errors({"torch_autocast": {"enabled": True, "dtype": "float16"}}) == [
+        "<dict>: torch_autocast.dtype: 'float16' is not supported: zerorun runs autocast in bfloat16 only (fp16 "
+        "autocast needs a gradient scaler); set it to bfloat16"]
+    assert errors({"torch_autocast": {"enabled": True}, "bf16": {"enabled": True}}) == [
+        "<dict>: torch_autocast.enabled: cannot be combined with fp16.enabled or bf16.enabled: autocast keeps fp32 "
+        "parameters; enable one of them"]
 
 
 def test_stage3_keys_below_stage3_warn() -> None:

@@ -112,3 +112,27 @@ def accelerate_loop(world: int, micro: int, samples: int, lr: float, clip: float
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def longtail(world: int, micro: int, samples: int, lr: float, autocast: bool) -> tuple[list[float], list[float]]:
+    """longtail_deepspeed.py: client AdamW over one dense group; the full gradient norm before each step."""
+    data = synthetic_cifar(samples)
+    torch.manual_seed(1234)
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, betas=(0.8, 0.999), eps=1e-8, weight_decay=0.0)
+    orders = [list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0)) for r in range(world)]
+    losses, norms = [], []
+    for step in range(samples // (world * micro)):
+        opt.zero_grad()
+        per_rank = []
+        for order in orders:
+            x, y = data[order[step * micro:(step + 1) * micro]]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = net(x)
+            per_rank.append(nn.functional.cross_entropy(out.float(), y))
+        loss = torch.stack(per_rank).mean()
+        loss.backward()
+        norms.append(sum(float(p.grad.norm()) ** 2 for p in net.parameters()) ** 0.5)
+        opt.step()
+        losses.append(loss.item())
+    return losses, norms

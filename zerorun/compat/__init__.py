@@ -18,8 +18,9 @@ startup hook does it for a plain interpreter. A real installed DeepSpeed is neve
 shadowed unless ``ZERORUN_AS_DEEPSPEED=force``.
 
 Anything zerorun does not implement (pipeline, sparse attention, inference injection,
-1-bit optimizers, MoE, ...) raises :class:`~zerorun.compat.unsupported.UnsupportedFeature`
-naming it, at import or at first use - never a silent no-op.
+1-bit optimizers, MoE, ...) imports (:mod:`zerorun.compat.lazy`) and raises
+:class:`~zerorun.compat.unsupported.UnsupportedFeature` naming it at first use - never a
+silent no-op; helpers whose answer is known without the feature give DeepSpeed's answer.
 """
 
 from __future__ import annotations

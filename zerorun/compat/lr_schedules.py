@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from zerorun.compat.unsupported import unsupported_class
 from zerorun.engine import schedulers as sched
 
 WARMUP_LOG_RATE = "log"
@@ -55,8 +54,26 @@ class WarmupCosineLR(_Scheduler):
         super().__init__(optimizer, schedule, last_batch_iteration)
 
 
-OneCycle = unsupported_class("OneCycle", "OneCycle learning-rate schedule")
-LRRangeTest = unsupported_class("LRRangeTest", "LRRangeTest learning-rate schedule")
+class OneCycle(_Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, cycle_min_lr: float, cycle_max_lr: float,
+                 decay_lr_rate: float = 0.0, cycle_first_step_size: int = 2000,
+                 cycle_second_step_size: int | None = None, cycle_first_stair_count: int = 0,
+                 cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
+                 cycle_momentum: bool = True, cycle_min_mom: float = 0.8, cycle_max_mom: float = 0.9,
+                 decay_mom_rate: float = 0.0, last_batch_iteration: int = -1) -> None:
+        schedule = sched.OneCycle(cycle_min_lr, cycle_max_lr, decay_lr_rate, cycle_first_step_size,
+                                  cycle_second_step_size, cycle_first_stair_count, cycle_second_stair_count,
+                                  decay_step_size, cycle_momentum, cycle_min_mom, cycle_max_mom, decay_mom_rate)
+        super().__init__(optimizer, schedule, last_batch_iteration)
+
+
+class LRRangeTest(_Scheduler):
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_range_test_min_lr: float = 1e-3,
+                 lr_range_test_step_size: int = 2000, lr_range_test_step_rate: float = 1.0,
+                 lr_range_test_staircase: bool = False, last_batch_iteration: int = -1) -> None:
+        schedule = sched.LRRangeTest(lr_range_test_min_lr, lr_range_test_step_size, lr_range_test_step_rate,
+                                     lr_range_test_staircase)
+        super().__init__(optimizer, schedule, last_batch_iteration)
 
 __all__ = ["LRRangeTest", "OneCycle", "VALID_LR_SCHEDULES", "WARMUP_LINEAR_RATE", "WARMUP_LOG_RATE",
            "WarmupCosineLR", "WarmupDecayLR", "WarmupLR"]

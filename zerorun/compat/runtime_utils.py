@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
 
@@ -33,4 +34,37 @@ def see_memory_usage(message: str, force: bool = False) -> None:
           f"max allocated {acc.max_memory_allocated() / gib:.2f} GiB", flush=True)
 
 
-__all__ = ["see_memory_usage", "set_random_seed"]
+def move_to_device(item: Any, device: Any, criterion_func: Any = None) -> Any:
+    """Tensors in ``item`` (nested lists, tuples, dicts) on ``device``; with ``criterion_func``, a tensor
+    it accepts is moved in place (its ``.data`` replaced), as DeepSpeed's."""
+    if criterion_func is not None and criterion_func(item):
+        item.data = item.to(device).data
+        return item
+    if isinstance(item, list):
+        return [move_to_device(v, device, criterion_func) for v in item]
+    if isinstance(item, tuple):
+        return tuple(move_to_device(v, device, criterion_func) for v in item)
+    if isinstance(item, dict):
+        return {k: move_to_device(v, device, criterion_func) for k, v in item.items()}
+    return item.to(device) if torch.is_tensor(item) else item
+
+
+class RepeatingLoader:
+    """Iterate ``loader`` forever, restarting it when it ends (DeepSpeed's ``RepeatingLoader``)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self) -> RepeatingLoader:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)
+
+
+__all__ = ["RepeatingLoader", "move_to_device", "see_memory_usage", "set_random_seed"]

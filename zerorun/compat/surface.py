@@ -6,12 +6,14 @@ implement fail on first use with :class:`~zerorun.compat.unsupported.Unsupported
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
 from zerorun.compat.comm import init_distributed
-from zerorun.compat.unsupported import UnsupportedAttribute, unsupported, unsupported_class
+from zerorun.compat.config import DeepSpeedConfig
+from zerorun.compat.unsupported import unsupported, unsupported_class
 from zerorun.engine import api
 from zerorun.engine.api import add_config_arguments
 from zerorun.engine.engine import Engine as DeepSpeedEngine
@@ -48,27 +50,26 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
                           dist_init_required=dist_init_required, args=args, mpu=mpu)
 
 
-_MISSING = {
-    "checkpointing": "activation checkpointing (deepspeed.checkpointing; use torch.utils.checkpoint)",
-    "pipe": "pipeline parallelism (deepspeed.pipe)",
-    "moe": "mixture of experts (deepspeed.moe)",
-    "inference": "inference injection (deepspeed.inference)",
-    "module_inject": "inference kernel injection (deepspeed.module_inject)",
-    "profiling": "the flops profiler (deepspeed.profiling)",
-    "compression": "model compression (deepspeed.compression)",
-    "sequence": "sequence parallelism (deepspeed.sequence)",
-    "DeepSpeedTransformerLayer": "fused transformer kernels (deepspeed.DeepSpeedTransformerLayer)",
-    "DeepSpeedTransformerConfig": "fused transformer kernels (deepspeed.DeepSpeedTransformerConfig)",
-    "OnDevice": "deepspeed.OnDevice (meta-device construction)",
-}
+DeepSpeedTransformerLayer = unsupported_class("DeepSpeedTransformerLayer", "fused transformer kernels")
+DeepSpeedTransformerConfig = unsupported_class("DeepSpeedTransformerConfig", "fused transformer kernels")
+DeepSpeedHybridEngine = unsupported_class("DeepSpeedHybridEngine", "the hybrid (RLHF) engine")
+OnDevice = unsupported_class("OnDevice", "deepspeed.OnDevice (meta-device construction; use zero.Init)")
+
+SUBMODULES = ("checkpointing", "pipe", "moe", "inference", "module_inject", "profiling", "compression",
+              "sequence", "checkpoint", "monitor", "autotuning", "linear", "io", "model_implementations")
+"""``deepspeed.<name>`` modules DeepSpeed's own ``__init__`` has loaded; here they load on first access."""
 
 
 def missing_attribute(name: str) -> Any:
-    """``deepspeed.<name>`` that is not defined: a named feature zerorun lacks, else AttributeError."""
-    if name in _MISSING:
-        raise UnsupportedAttribute(f"DeepSpeed's {_MISSING[name]} is not implemented by zerorun (running as "
-                                   "`deepspeed`)", "remove it from the script, or run it with real DeepSpeed")
+    """``deepspeed.<name>`` that is not defined: a submodule, imported now (supported or not), else AttributeError."""
+    if name in SUBMODULES:
+        return importlib.import_module(f"deepspeed.{name}")
     raise AttributeError(f"module 'deepspeed' (zerorun's compatibility package) has no attribute {name!r}")
+
+
+def tp_model_init(*args: Any, **kwargs: Any) -> Any:
+    """Not implemented: DeepSpeed's AutoTP model construction."""
+    unsupported("tensor parallelism (deepspeed.tp_model_init)")
 
 
 def add_tuning_arguments(parser: Any) -> Any:
@@ -76,6 +77,7 @@ def add_tuning_arguments(parser: Any) -> Any:
     unsupported("autotuning flags (deepspeed.add_tuning_arguments)", "use `zerorun autotune SCRIPT --config FILE`")
 
 
-__all__ = ["DeepSpeedEngine", "InferenceEngine", "PipelineEngine", "PipelineModule", "__version__",
+__all__ = ["DeepSpeedConfig", "DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
+           "InferenceEngine", "OnDevice", "PipelineEngine", "PipelineModule", "__version__",
            "add_config_arguments", "add_tuning_arguments", "init_distributed", "init_inference", "initialize",
-           "zero"]
+           "tp_model_init", "zero"]

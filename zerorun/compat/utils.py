@@ -1,7 +1,6 @@
-"""``deepspeed.utils``: ``logger`` (DeepSpeed's logger name and format) and ``log_dist``.
-
-``safe_get_full_fp32_param`` / ``safe_get_full_grad`` are named here but not implemented:
-they raise, pointing at ``deepspeed.zero.GatheredParameters`` for full weights.
+"""``deepspeed.utils``: ``logger`` (DeepSpeed's logger name and format), ``log_dist``, the
+``safe_get_*``/``safe_set_*`` accessors of one parameter's engine state, and the stage-3
+leaf-module flags (:mod:`zerorun.compat.leaf_modules`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,18 @@ from typing import Any
 
 import torch
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.compat.leaf_modules import (  # noqa: F401  deepspeed.utils exports them
+    get_z3_leaf_modules,
+    set_z3_leaf_module,
+    set_z3_leaf_modules,
+    set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+    z3_leaf_parameter,
+)
+from zerorun.compat.runtime_utils import RepeatingLoader  # noqa: F401  deepspeed.utils exports it
+from zerorun.engine import fragments
 
 logger = logging.getLogger("DeepSpeed")
 if not logger.handlers:  # DeepSpeed's logger prints INFO to stdout with its own prefix
@@ -45,18 +55,99 @@ def print_json_dist(message: Any, ranks: Iterable[int] | None = None, path: str 
     log_dist(json.dumps(message), ranks)
 
 
-_FULL_HINT = ("read full weights inside `with deepspeed.zero.GatheredParameters(params):`; "
-              "the gradient norm is engine.get_global_grad_norm()")
+# ---- one parameter's engine state (zerorun.engine.fragments); the engine is found from the parameter ----
+# As in DeepSpeed: the full getters are collectives (every rank calls them), a parameter no
+# engine trains gives None, and the setters write this rank's fragment (the next step uses it).
+
+def _engine(param: torch.Tensor) -> Any | None:
+    return fragments.engine_of(param)
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
-    """Not implemented: the fp32 master of one parameter, gathered from its shards."""
-    unsupported("deepspeed.utils.safe_get_full_fp32_param", _FULL_HINT)
+    """The fp32 master of ``param``, whole, on every rank."""
+    engine = _engine(param)
+    return None if engine is None else fragments.full(engine, param, "fp32")
+
+
+def safe_set_full_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Set the fp32 master of ``param`` from the full ``value`` (its compute copy follows at the next step)."""
+    if (engine := _engine(param)) is not None:
+        fragments.set_full(engine, param, value, "fp32")
+
+
+def safe_get_full_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:
+    """The optimizer state ``optim_state_key`` (e.g. ``exp_avg``) of ``param``, whole, on every rank."""
+    engine = _engine(param)
+    return None if engine is None else fragments.full(engine, param, optim_state_key)
+
+
+def safe_set_full_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    if (engine := _engine(param)) is not None:
+        fragments.set_full(engine, param, value, optim_state_key)
 
 
 def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
-    """Not implemented: the reduced gradient of one parameter, gathered from its shards."""
-    unsupported("deepspeed.utils.safe_get_full_grad", _FULL_HINT)
+    """The reduced gradient of ``param`` (fp32, whole, on every rank): after backward, before step."""
+    engine = _engine(param)
+    if engine is None:
+        return param.grad
+    return fragments.full(engine, param, "grad")
 
 
-__all__ = ["log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param", "safe_get_full_grad"]
+def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    if (engine := _engine(param)) is not None:
+        fragments.set_full(engine, param, value, "grad")
+    elif param.grad is not None:
+        param.grad.copy_(value)
+
+
+def safe_update_full_grad_vectorized(param_list: list[torch.Tensor], update_func: Any) -> None:
+    """``update_func(full_grad, param)`` -> the new gradient, for each parameter."""
+    for p in param_list:
+        if p.requires_grad and (grad := safe_get_full_grad(p)) is not None:
+            safe_set_full_grad(p, update_func(grad, p))
+
+
+def _local_engine(param: torch.Tensor, api: str) -> Any:
+    engine = _engine(param)
+    if engine is None:
+        from zerorun.engine.errors import EngineError
+
+        raise EngineError(f"deepspeed.utils.{api}: the parameter is not trained by an engine",
+                          "pass a parameter of the model given to deepspeed.initialize()")
+    return engine
+
+
+# The local forms: this rank's fragment of the parameter, 1-D (zerorun shards whole buckets, so the
+# fragment is the part of the parameter inside this rank's chunk; it may be empty).
+def safe_get_local_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
+    return fragments.local(_local_engine(param, "safe_get_local_fp32_param"), param, "fp32")
+
+
+def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor | None:
+    return fragments.local(_local_engine(param, "safe_get_local_grad"), param, "grad")
+
+
+def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:
+    return fragments.local(_local_engine(param, "safe_get_local_optimizer_state"), param, optim_state_key)
+
+
+def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
+    fragments.set_local(_local_engine(param, "safe_set_local_fp32_param"), param, value, "fp32")
+
+
+def safe_set_local_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    fragments.set_local(_local_engine(param, "safe_set_local_grad"), param, value, "grad")
+
+
+def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
+    fragments.set_local(_local_engine(param, "safe_set_local_optimizer_state"), param, value, optim_state_key)
+
+
+__all__ = ["RepeatingLoader", "get_z3_leaf_modules", "log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param",
+           "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
+           "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param",
+           "safe_set_full_grad", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
+           "safe_set_local_grad", "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized",
+           "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
+           "set_z3_leaf_modules_by_suffix", "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

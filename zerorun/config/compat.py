@@ -65,7 +65,6 @@ FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "eigenvalue": ("eigenvalue computation", _enabled_anywhere),
     "progressive_layer_drop": ("progressive layer drop", _enabled_anywhere),
     "weight_quantization": ("weight quantization", _enabled_anywhere),
-    "torch_autocast": ("torch.autocast mixed precision (use the bf16 or fp16 block)", _enabled_anywhere),
     "compile": ("DeepCompile", lambda v: isinstance(v, dict) and v.get("deepcompile") is True),
     "tensor_parallel": ("tensor parallelism (AutoTP)",
                         lambda v: _size_above_one("autotp_size")(v) or _size_above_one("tp", "tp_size")(v)),

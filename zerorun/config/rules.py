@@ -90,17 +90,36 @@ def offload_optimizer_needs_zero(cfg: ZerorunConfig, given: frozenset[str]) -> l
     return problems
 
 
-def master_weights_need_zero(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
-    stage = cfg.zero_optimization.stage
-    flags = {
-        "fp16.fp16_master_weights_and_grads": cfg.fp16.fp16_master_weights_and_grads,
-        "bf16.bf16_master_weights_and_grads": cfg.bf16.bf16_master_weights_and_grads,
-    }
+LOW_PRECISION_MASTERS = ("fp16.fp16_master_weights_and_grads", "bf16.bf16_master_weights_and_grads",
+                         "bf16.bf16_optimizer_states")
+
+
+def low_precision_masters_refused(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """16-bit masters, gradients or optimizer state: the engine keeps them in fp32, so asking is an error."""
+    flags = {"fp16.fp16_master_weights_and_grads": cfg.fp16.fp16_master_weights_and_grads,
+             "bf16.bf16_master_weights_and_grads": cfg.bf16.bf16_master_weights_and_grads,
+             "bf16.bf16_optimizer_states": cfg.bf16.bf16_optimizer_states}
     return [
-        Problem(path, f"needs {ZERO}.stage 1, 2 or 3, but stage is 0")
+        Problem(path, "is not supported: zerorun keeps the master weights, their gradients and the optimizer "
+                      "state in fp32 (16 bytes per parameter, see `zerorun estimate`); remove it or set it to false")
         for path, on in flags.items()
-        if on and stage == 0
+        if on
     ]
+
+
+def torch_autocast_rules(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    auto = cfg.torch_autocast
+    if not auto.enabled:
+        return []
+    problems = []
+    if cfg.fp16.enabled or cfg.bf16.enabled:
+        problems.append(Problem("torch_autocast.enabled", "cannot be combined with fp16.enabled or bf16.enabled: "
+                                                          "autocast keeps fp32 parameters; enable one of them"))
+    if auto.dtype is not None and auto.dtype.lower() not in ("bfloat16", "bf16"):
+        problems.append(Problem("torch_autocast.dtype", f"{auto.dtype!r} is not supported: zerorun runs autocast in "
+                                                        "bfloat16 only (fp16 autocast needs a gradient scaler); "
+                                                        "set it to bfloat16"))
+    return problems
 
 
 def stage3_keys_below_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
@@ -123,7 +142,8 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.offload_optimizer", f"{ZERO}.offload_param"), nvme_needs_path),
     ((f"{ZERO}.stage", f"{ZERO}.offload_param"), offload_param_needs_stage3),
     ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
-    ((f"{ZERO}.stage", "fp16", "bf16"), master_weights_need_zero),
+    (("fp16", "bf16"), low_precision_masters_refused),
+    (("torch_autocast", "fp16.enabled", "bf16.enabled"), torch_autocast_rules),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
     ((), keys_without_effect),
 )

@@ -21,6 +21,7 @@ from zerorun.config.schema_blocks import (
     Fp16Config,
     OptimizerConfig,
     SchedulerConfig,
+    TorchAutocastConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
 from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, choice
@@ -73,6 +74,9 @@ class ZerorunConfig(Block):
     fp16: Fp16Config = Field(default_factory=Fp16Config, description="fp16 mixed precision and loss scaling.")
     bf16: Bf16Config = Field(
         default_factory=Bf16Config, description="bf16 mixed precision (alias: bfloat16)."
+    )
+    torch_autocast: TorchAutocastConfig = Field(
+        default_factory=TorchAutocastConfig, description="torch.autocast mixed precision (bfloat16)."
     )
     amp: AmpConfig = Field(default_factory=AmpConfig, description="apex AMP (accepted, not supported).")
     zero_optimization: ZeroConfig = Field(default_factory=ZeroConfig, description="ZeRO stage and its knobs.")

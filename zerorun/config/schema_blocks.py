@@ -91,6 +91,17 @@ class Bf16Config(Block):
     bf16_optimizer_states: Bool = Field(False, description="Keep optimizer states in bf16.")
 
 
+class TorchAutocastConfig(Block):
+    """``torch.autocast`` mixed precision (DeepSpeed 0.19.8's ``torch_autocast``): fp32 parameters, masters
+    and gradients; the forward runs under ``torch.autocast`` in ``dtype``."""
+
+    enabled: Bool = Field(False, description="Run the engine's forward under torch.autocast.")
+    dtype: Str | None = Field(None, description="bfloat16 (fp16 is refused); none: torch's default for the device.")
+    lower_precision_safe_modules: list[str] | None = Field(
+        None, description="Modules whose gradients DeepSpeed reduces in the autocast dtype; zerorun reduces in fp32."
+    )
+
+
 class AmpConfig(Block):
     """NVIDIA apex AMP (accepted for compatibility; zerorun does not run apex)."""
 

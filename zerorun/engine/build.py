@@ -54,6 +54,18 @@ def optimizer_groups(module: nn.Module, optimizer: torch.optim.Optimizer) -> lis
     return groups
 
 
+def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating-point parameters to the compute dtype; buffers keep the dtype they have.
+
+    DeepSpeed 0.19.8's rule at every stage and precision (engine._cast_module_mixed_precision):
+    parameters are cast, buffers are not (a Llama ``inv_freq`` stays fp32) unless its
+    ``data_types.buffer_dtype`` says otherwise, which zerorun does not accept.
+    """
+    for p in module.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
 def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
                 stage: StagePolicy, precision: PrecisionPolicy, bucket_size: int,
                 reduce: ReducePolicy, offload: OffloadPolicy | None = None) -> Parts:
@@ -76,7 +88,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     for b in buckets:
         b.cast_(precision.compute_dtype)
     masters.rebind()
-    module.to(precision.compute_dtype)  # buffers and frozen parameters; bucket views are already cast
+    cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
     masters.bind_optimizer(optimizer, group_of_bucket)
     # stage 2 stages at most what DeepSpeed's bucket(s) would hold: reduce_bucket_size elements, twice with
     # overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions

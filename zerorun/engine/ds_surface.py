@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 from zerorun.engine.errors import EngineError, rank_prefixed
 
 
@@ -154,6 +156,60 @@ class DeepSpeedSurface:
             raise EngineError(rank_prefixed(self.ctx.rank, "engine.step() was called inside no_sync()"),
                               "leave the no_sync() block, run the last backward outside it, then step() "
                               "(as DeepSpeed requires)")
+
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """Change the global batch by changing the accumulation steps (the micro-batch stays), as DeepSpeed.
+
+        Call it between optimizer steps: the new count applies from the next micro-step.
+        """
+        per_pass = int(self.config.train_micro_batch_size_per_gpu) * self.dp_world_size
+        if train_batch_size <= 0 or train_batch_size % per_pass:
+            raise ValueError(f"train batch size {train_batch_size} must be a positive multiple of "
+                             f"train_micro_batch_size_per_gpu ({self.config.train_micro_batch_size_per_gpu}) x "
+                             f"data-parallel world size ({self.dp_world_size}) = {per_pass}")
+        self.config = self.config.model_copy(update={"train_batch_size": train_batch_size,
+                                                     "gradient_accumulation_steps": train_batch_size // per_pass})
+        self.throughput.samples_per_step = train_batch_size
+
+    def empty_partition_cache(self) -> None:
+        """Release the gathered stage-3 parameters that are not persistent (DeepSpeed's use: before
+        generation or evaluation frees memory); other stages hold no partition cache."""
+        coordinator = getattr(self.parts, "coordinator", None)
+        if coordinator is not None:
+            coordinator.release_all()  # persistent buckets stay, as the step's refresh expects
+
+    def offload_states(self, include: Any = None, device: Any = "cpu", pin_memory: bool = True,
+                       non_blocking: bool = False) -> None:
+        """Move optimizer states, masters and parameters to host memory (see :mod:`zerorun.engine.offload_states`)."""
+        self._state_mover().offload(include, device, pin_memory, non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back what :meth:`offload_states` moved, to where it was."""
+        self._state_mover().reload(non_blocking)
+
+    def _state_mover(self) -> Any:
+        from zerorun.engine.offload_states import StateMover
+
+        if "_mover" not in self.__dict__:
+            self.__dict__["_mover"] = StateMover(self)
+        return self.__dict__["_mover"]
+
+    def torch_autocast_enabled(self) -> bool:
+        return bool(self.config.torch_autocast.enabled)
+
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        return torch.bfloat16 if self.torch_autocast_enabled() else None
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's autocast, as DeepSpeed 0.19.8's ``autocast_if_enabled``: the config's
+        ``torch_autocast`` when enabled; otherwise an autocast the caller opened is switched off
+        inside the engine (the fp16/bf16 blocks decide the precision)."""
+        device = self.ctx.device.type
+        if self.torch_autocast_enabled():
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        if torch.is_autocast_enabled(device):
+            return torch.autocast(device_type=device, enabled=False)
+        return contextlib.nullcontext()
 
     # ---- the module ----------------------------------------------------------------------------
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False,

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from zerorun.autotune.hook import recorder_for
-from zerorun.engine import figures, loss_scaler, physical_memory
+from zerorun.engine import figures, fragments, loss_scaler, physical_memory
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
@@ -76,6 +76,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
+        fragments.register(self)  # deepspeed.utils.safe_get_full_*(param) find the engine from the parameter
 
     # ---- the training loop -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -86,7 +87,8 @@ class Engine(DeepSpeedSurface, HfSurface):
         dtype = self.precision.compute_dtype
         if dtype != torch.float32:
             args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
-        return self.module(*args, **kwargs)
+        with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
+            return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""

@@ -337,9 +337,13 @@ class GatherCoordinator:
         b.release()
         self.live.discard(bi)
 
-    def end_pass(self, record: bool = True) -> None:
+    def release_all(self) -> None:
+        """Release every gathered bucket that is not persistent (waiting for any still in flight)."""
         for bi in sorted(self.live):
             self._release_now(bi)
+
+    def end_pass(self, record: bool = True) -> None:
+        self.release_all()
         self.stats.history.append(len(self.current))
         if record and self.trace is None and self.current:
             self.trace = list(self.current)
@@ -352,8 +356,7 @@ class GatherCoordinator:
 
     def after_step(self) -> None:
         """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
-        for bi in sorted(self.live):
-            self._release_now(bi)
+        self.release_all()
         stale = [b for b in self.buckets if b.persistent and not b.frozen and b.state is ParamState.GATHERED]
         if stale:
             refresh_together(stale, stale[0].coll)

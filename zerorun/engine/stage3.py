@@ -142,14 +142,21 @@ def plan_stage3(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
     """Shard ``module`` unit by unit: only one unit is ever whole (on ``device``) while this runs.
 
     The root module is always a unit (possibly with no buckets of its own), so a parameter
-    used directly by the root's forward has a unit to be filed under.
+    used directly by the root's forward has a unit to be filed under. A module flagged
+    ``_z3_leaf`` (``deepspeed.utils.set_z3_leaf_modules``) is one unit with its whole subtree.
     """
     group_of = {id(p): gi for gi, ps in enumerate(groups) for p in ps}
     plan = Stage3Plan([], [], [], [], [])
     bucket_of_param: dict[int, PartitionedBucket] = {}
     unit_members: list[list[PartitionedBucket]] = []
+    inside_leaf: set[int] = set()  # descendants of a leaf module belong to the leaf's unit
     for name, m in module.named_modules():
-        direct = list(m.parameters(recurse=False))
+        if id(m) in inside_leaf:
+            continue
+        leaf = bool(getattr(m, "_z3_leaf", False))  # set_z3_leaf_modules: the whole subtree is one unit
+        if leaf:
+            inside_leaf.update(id(c) for c in m.modules() if c is not m)
+        direct = list(m.parameters(recurse=leaf))
         if not direct and m is not module:
             continue
         own = [p for p in direct if id(p) not in bucket_of_param]
@@ -195,7 +202,7 @@ def build_stage3_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx:
     buckets, units, group_of_bucket = plan.buckets, plan.units, plan.group_of_bucket
     # same-host gloo ranks gather and reduce through shared memory (a slot holds the largest unit)
     coll.open_shared_lane(max((b.plan.padded_numel for b in buckets + plan.frozen), default=1))
-    module.to(precision.compute_dtype)  # buffers (already on the device); every parameter is a cast bucket
+    # every parameter is a cast bucket; buffers keep their dtype (see build.cast_parameters)
     policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
                           max_live=int(zero_cfg.stage3_max_live_parameters),
                           max_reuse=int(zero_cfg.stage3_max_reuse_distance))

@@ -1,8 +1,11 @@
 """``deepspeed`` backed by zerorun (see ``zerorun.compat``): not DeepSpeed itself."""
 
+from zerorun.compat.lazy import install_finder
 from zerorun.compat.surface import *  # noqa: F403
 from zerorun.compat.surface import __all__, __version__  # noqa: F401
-from zerorun.compat.surface import missing_attribute as __getattr__  # noqa: E402,F401  a named error for the rest
+from zerorun.compat.surface import missing_attribute as __getattr__  # noqa: E402,F401  submodules on first access
+
+install_finder()  # any deepspeed.* module without a file here imports, and fails where it is used
 
 from . import accelerator, comm, ops, runtime, utils  # noqa: F401,E402  DeepSpeed imports these eagerly too
 from .runtime import zero  # noqa: F401,E402  deepspeed.zero is deepspeed.runtime.zero, as in DeepSpeed

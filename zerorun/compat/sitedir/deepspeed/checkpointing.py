@@ -1,5 +1,3 @@
-"""``deepspeed.checkpointing``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.checkpointing`` -> :mod:`zerorun.compat.checkpointing`."""
 
-from zerorun.compat.unsupported import unsupported_module
-
-unsupported_module("DeepSpeed's activation checkpointing (deepspeed.checkpointing; use torch.utils.checkpoint)")
+from zerorun.compat.checkpointing import *  # noqa: F403

@@ -1,5 +1,7 @@
-"""``deepspeed.module_inject``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.module_inject``: not implemented by zerorun. Importing it (and any module under it) works;
+using any of its names raises UnsupportedFeature naming the feature."""
 
-from zerorun.compat.unsupported import unsupported_module
+from zerorun.compat.lazy import unsupported_names
 
-unsupported_module("inference kernel injection (deepspeed.module_inject)")
+__zerorun_unsupported__ = "inference kernel injection (deepspeed.module_inject)"
+__getattr__ = unsupported_names(__zerorun_unsupported__)

@@ -1,5 +1,7 @@
-"""``deepspeed.ops.sparse_attention``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.ops.sparse_attention``: not implemented by zerorun. Importing it (and any module under it) works;
+using any of its names raises UnsupportedFeature naming the feature."""
 
-from zerorun.compat.unsupported import unsupported_module
+from zerorun.compat.lazy import unsupported_names
 
-unsupported_module("sparse attention (deepspeed.ops.sparse_attention)")
+__zerorun_unsupported__ = "sparse attention (deepspeed.ops.sparse_attention)"
+__getattr__ = unsupported_names(__zerorun_unsupported__)

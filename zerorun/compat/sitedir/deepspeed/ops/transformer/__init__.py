@@ -1,5 +1,7 @@
-"""``deepspeed.ops.transformer``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.ops.transformer``: not implemented by zerorun. Importing it (and any module under it) works;
+using any of its names raises UnsupportedFeature naming the feature."""
 
-from zerorun.compat.unsupported import unsupported_module
+from zerorun.compat.lazy import unsupported_names
 
-unsupported_module("fused transformer kernels (deepspeed.ops.transformer)")
+__zerorun_unsupported__ = "fused transformer kernels (deepspeed.ops.transformer)"
+__getattr__ = unsupported_names(__zerorun_unsupported__)

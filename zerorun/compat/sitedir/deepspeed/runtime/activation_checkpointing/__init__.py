@@ -1,5 +1,3 @@
-"""``deepspeed.runtime.activation_checkpointing``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.runtime.activation_checkpointing``: its ``checkpointing`` module is :mod:`zerorun.compat.checkpointing`."""
 
-from zerorun.compat.unsupported import unsupported_module
-
-unsupported_module("DeepSpeed's activation checkpointing (deepspeed.runtime.activation_checkpointing; use torch.utils.checkpoint)")
+from . import checkpointing  # noqa: F401

@@ -1,5 +1,7 @@
-"""``deepspeed.runtime.pipe``: not implemented by zerorun; importing it raises."""
+"""``deepspeed.runtime.pipe``: not implemented by zerorun. Importing it (and any module under it) works;
+using any of its names raises UnsupportedFeature naming the feature."""
 
-from zerorun.compat.unsupported import unsupported_module
+from zerorun.compat.lazy import unsupported_names
 
-unsupported_module("pipeline parallelism (deepspeed.runtime.pipe)")
+__zerorun_unsupported__ = "pipeline parallelism (deepspeed.runtime.pipe)"
+__getattr__ = unsupported_names(__zerorun_unsupported__)

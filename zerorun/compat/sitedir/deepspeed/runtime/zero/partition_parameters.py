@@ -1,5 +1,6 @@
 """``deepspeed.runtime.zero.partition_parameters`` -> :mod:`zerorun.compat.params`."""
 
+from zerorun.compat.accelerator import get_accelerator  # noqa: F401  transformers reads it here
 from zerorun.compat.params import *  # noqa: F403
 from zerorun.compat.tensor_constructors import (  # noqa: F401  names transformers patches around zero.Init
     _orig_torch_arange,

@@ -1,0 +1,3 @@
+"""``deepspeed.comm.config`` -> :mod:`zerorun.compat.comm_config`."""
+
+from zerorun.compat.comm_config import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""``deepspeed.moe.utils`` -> :mod:`zerorun.compat.moe` (answers for models without experts)."""
+
+from zerorun.compat.moe import *  # noqa: F403

@@ -1,0 +1,3 @@
+"""``deepspeed.runtime.zero.offload_config`` -> :mod:`zerorun.compat.offload_config`."""
+
+from zerorun.compat.offload_config import *  # noqa: F403

@@ -1,0 +1,103 @@
+"""``engine.offload_states()`` / ``reload_states()``: move the model state to host memory and back.
+
+RLHF frameworks free accelerator memory this way while another model generates. As in
+DeepSpeed 0.19.8, ``include`` picks from :class:`~zerorun.compat.offload_config.OffloadStateTypeEnum`
+(all of them when None) and the only target device is ``cpu``:
+
+* ``optim_states``: every tensor of the optimizer state;
+* ``hp_params``: the fp32 masters (with fp32 compute they are the parameter shards themselves);
+* ``lp_params``: the compute copy: stages 0-2 the flat parameter buffers (the parameters are
+  re-pointed at them), stage 3 the resting shards and any gathered persistent buffer;
+* ``lp_grads`` / ``contiguous_grad_buffer``: zerorun holds gradients only between backward
+  and step, in the gradient sync's own buffers; they stay where they are (a warning says so).
+
+Tensors keep their identity where others hold them (``.data`` is replaced), so the optimizer
+and the engine go on unchanged after ``reload_states``. Already-offloaded state (offload_optimizer,
+offload_param) is on the host and stays there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from zerorun.compat.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+from zerorun.engine.errors import EngineError
+
+S = OffloadStateTypeEnum
+
+
+def _move(t: torch.Tensor, device: torch.device, pin: bool, non_blocking: bool) -> torch.Tensor:
+    if t.device == device:
+        return t
+    out = t.to(device, non_blocking=non_blocking)
+    return out.pin_memory() if pin and device.type == "cpu" and torch.cuda.is_available() else out
+
+
+class StateMover:
+    """Remembers where each moved group of tensors lived, so ``reload`` puts it back."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.home: dict[S, torch.device] = {}
+
+    def offload(self, include: Iterable[Any] | None, device: Any, pin_memory: bool, non_blocking: bool) -> None:
+        target = OffloadDeviceEnum(device.value if isinstance(device, OffloadDeviceEnum) else device)
+        if target is OffloadDeviceEnum.none:
+            warnings.warn("offload_states(device='none'): nothing to do", stacklevel=3)
+            return
+        if target is OffloadDeviceEnum.nvme:
+            raise EngineError("offload_states(device='nvme') is not supported (as in DeepSpeed)",
+                              "offload to 'cpu', or configure offload_optimizer/offload_param with nvme")
+        kinds = [S(k) for k in include] if include is not None else list(S)
+        kept = [k.value for k in kinds if k in (S.lp_grads, S.contiguous_grad_buffer)]
+        if kept:
+            warnings.warn(f"offload_states: {', '.join(kept)} stay on the device: zerorun holds gradients only "
+                          "between backward and step", stacklevel=3)
+        for kind in kinds:
+            if kind not in self.home and kind not in (S.lp_grads, S.contiguous_grad_buffer):
+                self.home[kind] = self._apply(kind, torch.device("cpu"), pin_memory, non_blocking)
+
+    def reload(self, non_blocking: bool) -> None:
+        for kind, device in list(self.home.items()):
+            self._apply(kind, device, False, non_blocking)
+            del self.home[kind]
+
+    def _apply(self, kind: S, device: torch.device, pin: bool, nb: bool) -> torch.device:
+        """Move one kind of state to ``device``; returns where it was."""
+        parts, optimizer = self.engine.parts, self.engine.optimizer
+        masters = parts.masters
+        if kind is S.optim_states:
+            tensors = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim()]
+            home = tensors[0].device if tensors else device
+            for v in tensors:
+                v.data = _move(v.data, device, pin, nb)
+            return home
+        if kind is S.hp_params:
+            home = masters.masters[0].device
+            if masters.alias:  # the masters are the compute shards: lp_params moves them
+                return home
+            for b, m in zip(masters.buckets, masters.masters, strict=True):
+                m.data = _move(m.data, device, pin, nb)
+                if getattr(b, "master", None) is not None:
+                    b.master = m.data
+            return home
+        first = parts.buckets[0]
+        home = (first.local if getattr(first, "local", None) is not None else first.data).device
+        for b in [*parts.buckets, *getattr(parts, "frozen", ())]:
+            self._move_bucket(b, device, pin, nb)
+        if masters.alias:
+            masters.rebind()
+        return home
+
+    @staticmethod
+    def _move_bucket(b: Any, device: torch.device, pin: bool, nb: bool) -> None:
+        if getattr(b, "local", None) is not None:  # a stage-3 bucket: the resting shard
+            b.local = _move(b.local, device, pin, nb)
+            if b.state.name != "GATHERED":
+                return
+        b.data = _move(b.data, device, pin, nb)
+        b.bind()
