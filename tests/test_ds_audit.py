@@ -1,6 +1,8 @@
 """The audit: every ``deepspeed`` name that transformers', accelerate's, TRL's and PEFT's DeepSpeed
 integrations (grepped in their installed sources: ``deepspeed.``, ``ds_``, ``zero_``,
-``parameter_offload``) and DeepSpeed-example-shaped scripts use, and what zerorun does with it.
+``parameter_offload``), DeepSpeedExamples' ``training/`` scripts (every ``deepspeed.*`` name and
+``from deepspeed... import`` in its 110 Python files, at commit 45b4b715) and DeepSpeed-example-shaped
+scripts use, and what zerorun does with it.
 
 ``AUDIT`` is the one source: README.md's table is rendered from it (this test fails when they
 differ; ``python -m tests.test_ds_audit`` prints the table). Each "works" name is imported and must
@@ -24,8 +26,12 @@ T, A, R, P, X = "transformers", "accelerate", "TRL", "PEFT", "examples"
 # (module, names, "works" or "unsupported: <alternative>", users)
 AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
     ("deepspeed", ("__version__", "initialize", "init_distributed", "add_config_arguments", "DeepSpeedEngine",
-                   "DeepSpeedConfig", "comm", "zero", "runtime", "utils", "ops", "accelerator", "checkpointing"),
+                   "DeepSpeedConfig", "comm", "zero", "runtime", "utils", "ops", "accelerator", "checkpointing",
+                   "get_accelerator"),
      "works", (T, A, R, X)),
+    ("deepspeed", ("DeepSpeedTransformerLayer", "DeepSpeedTransformerConfig", "replace_transformer_layer"),
+     "unsupported: no fused transformer kernels or kernel injection; train the model's own layers", (X,)),
+    ("deepspeed.module_inject", ("replace_transformer_layer",), "unsupported: no kernel injection", (X,)),
     ("deepspeed", ("tp_model_init", "PipelineModule", "init_inference", "OnDevice"),
      "unsupported: data parallelism only (no tensor/pipeline parallelism, no inference engine)", (T, X)),
     ("deepspeed.comm", ("init_distributed", "is_initialized", "get_rank", "get_world_size", "all_reduce", "barrier"),
@@ -37,7 +43,15 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
      "works", (T, R)),
     ("deepspeed.runtime.zero.offload_config", ("OffloadDeviceEnum", "OffloadStateTypeEnum"), "works", (X,)),
     ("deepspeed.runtime.engine", ("DeepSpeedEngine",), "works", (R,)),
-    ("deepspeed.runtime.config", ("DeepSpeedConfig",), "works", (X,)),
+    ("deepspeed.runtime.config", ("DeepSpeedConfig", "ADAM_OPTIMIZER", "LAMB_OPTIMIZER", "DEEPSPEED_OPTIMIZERS"),
+     "works", (X,)),
+    ("deepspeed.runtime.data_pipeline.data_routing.helper", ("convert_to_random_ltd", "save_without_random_ltd"),
+     "unsupported: no data efficiency (random-LTD)", (X,)),
+    ("deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr",
+     ("get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed",),
+     "unsupported: no data efficiency (variable batch size); use a torch DataLoader", (X,)),
+    ("deepspeed.runtime.domino.transformer", ("DominoTransformer",), "unsupported: no tensor parallelism (Domino)",
+     (X,)),
     ("deepspeed.runtime.lr_schedules", ("VALID_LR_SCHEDULES", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
                                         "OneCycle", "LRRangeTest"), "works", (A, X)),
     ("deepspeed.runtime.utils", ("move_to_device", "set_random_seed", "see_memory_usage"), "works", (A, X)),
@@ -55,6 +69,7 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
                          "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
                          "safe_set_local_fp32_param", "safe_set_local_optimizer_state", "set_z3_leaf_modules",
                          "z3_leaf_module", "get_z3_leaf_modules", "RepeatingLoader"), "works", (T, A, P, X)),
+    ("deepspeed.utils.logging", ("logger",), "works", (X,)),
     ("deepspeed.utils.groups", ("_get_sequence_parallel_group", "_get_sequence_parallel_rank",
                                 "_get_sequence_parallel_world_size"),
      "unsupported: no sequence parallelism (ALST/Ulysses)", (A,)),
@@ -65,10 +80,15 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
      "works (DeepSpeed's answers for a model without experts)", (X,)),
     ("deepspeed.moe.layer", ("MoE",), "unsupported: dense models only; flag HF MoE blocks with set_z3_leaf_modules",
      (X,)),
+    ("deepspeed.utils.zero_to_fp32", ("get_fp32_state_dict_from_zero_checkpoint", "load_state_dict_from_zero_checkpoint",
+                                      "convert_zero_checkpoint_to_fp32_state_dict"), "works", (T, X)),
     ("deepspeed.checkpointing", ("checkpoint", "configure", "is_configured", "get_cuda_rng_tracker",
                                  "model_parallel_cuda_manual_seed"), "works", (X,)),
     ("deepspeed.pipe", ("PipelineModule", "LayerSpec"), "unsupported: no pipeline parallelism", (X,)),
-    ("deepspeed.ops.sparse_attention", ("SparseSelfAttention",), "unsupported: use torch attention", (X,)),
+    ("deepspeed.ops.sparse_attention", ("SparseSelfAttention", "BertSparseSelfAttention", "SparseAttentionUtils",
+                                        "FixedSparsityConfig", "BigBirdSparsityConfig", "BSLongformerSparsityConfig",
+                                        "VariableSparsityConfig", "DenseSparsityConfig"),
+     "unsupported: use torch attention", (X,)),
     ("deepspeed.runtime.fp16.onebit", ("OnebitAdam",), "unsupported: use torch Adam", (X,)),
     ("deepspeed.profiling.flops_profiler", ("FlopsProfiler",), "unsupported: engine figures report throughput", (X,)),
 ]
@@ -87,10 +107,6 @@ PENDING = [
      "in progress: the Hugging Face fine-tuning stack at stage 3"),
     ("engine", "`optimizer.parameter_offload`, `optimizer.overflow`, an engine without optimizer, dotted config "
                "keys", "TRL, accelerate", "in progress: the Hugging Face fine-tuning stack at stage 3"),
-    ("deepspeed.utils.zero_to_fp32", "`get_fp32_state_dict_from_zero_checkpoint`, "
-                                     "`load_state_dict_from_zero_checkpoint`, "
-                                     "`convert_zero_checkpoint_to_fp32_state_dict`", "transformers, examples",
-     "in progress: checkpoints cross over"),
 ]
 
 BEGIN, END = "<!-- ds-audit:begin -->", "<!-- ds-audit:end -->"

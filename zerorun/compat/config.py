@@ -56,4 +56,14 @@ class DeepSpeedConfig:
             print(f"  {key} {'.' * max(1, 30 - len(key))} {value}", flush=True)
 
 
-__all__ = ["DeepSpeedConfig"]
+# DeepSpeed 0.19.8's optimizer-name constants (deepspeed.runtime.config), which scripts compare a config's
+# type with (its 1-bit names are gone from 0.19.8: a script importing them fails on DeepSpeed too)
+ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER = "adagrad", "adam", "adamw", "lamb"
+MUADAM_OPTIMIZER, MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER = "muadam", "muadamw", "musgd"
+LION_OPTIMIZER, MUON_OPTIMIZER = "lion", "muon"
+DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, MUADAM_OPTIMIZER,
+                        MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
+
+__all__ = ["ADAGRAD_OPTIMIZER", "ADAMW_OPTIMIZER", "ADAM_OPTIMIZER", "DEEPSPEED_OPTIMIZERS", "DeepSpeedConfig",
+           "LAMB_OPTIMIZER", "LION_OPTIMIZER", "MUADAMW_OPTIMIZER", "MUADAM_OPTIMIZER", "MUON_OPTIMIZER",
+           "MUSGD_OPTIMIZER"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
+from zerorun.compat.accelerator import get_accelerator
 from zerorun.compat.comm import init_distributed
 from zerorun.compat.config import DeepSpeedConfig
 from zerorun.compat.unsupported import unsupported, unsupported_class
@@ -55,6 +56,16 @@ DeepSpeedTransformerConfig = unsupported_class("DeepSpeedTransformerConfig", "fu
 DeepSpeedHybridEngine = unsupported_class("DeepSpeedHybridEngine", "the hybrid (RLHF) engine")
 OnDevice = unsupported_class("OnDevice", "deepspeed.OnDevice (meta-device construction; use zero.Init)")
 
+
+def replace_transformer_layer(*args: Any, **kwargs: Any) -> Any:
+    """Not implemented: DeepSpeed's kernel injection (``deepspeed.replace_transformer_layer``)."""
+    unsupported("kernel injection (deepspeed.replace_transformer_layer)", "train the model's own layers")
+
+
+def revert_transformer_layer(*args: Any, **kwargs: Any) -> Any:
+    """Not implemented: DeepSpeed's kernel injection (``deepspeed.revert_transformer_layer``)."""
+    unsupported("kernel injection (deepspeed.revert_transformer_layer)", "train the model's own layers")
+
 SUBMODULES = ("checkpointing", "pipe", "moe", "inference", "module_inject", "profiling", "compression",
               "sequence", "checkpoint", "monitor", "autotuning", "linear", "io", "model_implementations")
 """``deepspeed.<name>`` modules DeepSpeed's own ``__init__`` has loaded; here they load on first access."""
@@ -79,5 +90,5 @@ def add_tuning_arguments(parser: Any) -> Any:
 
 __all__ = ["DeepSpeedConfig", "DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
            "InferenceEngine", "OnDevice", "PipelineEngine", "PipelineModule", "__version__",
-           "add_config_arguments", "add_tuning_arguments", "init_distributed", "init_inference", "initialize",
-           "tp_model_init", "zero"]
+           "add_config_arguments", "add_tuning_arguments", "get_accelerator", "init_distributed", "init_inference",
+           "initialize", "replace_transformer_layer", "revert_transformer_layer", "tp_model_init", "zero"]
