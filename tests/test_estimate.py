@@ -204,8 +204,10 @@ def test_buffers_follow_the_stage_and_never_exceed_the_model() -> None:
     # stages 0-1 reduce and gather in place: the gradient buffers are the communication buffers
     assert buffer_terms(training, Placement(0), buckets, None) == {}
     assert buffer_terms(training, Placement(1), buckets, None) == {}
-    # stages 0-2 lay buckets out at 2^21 elements at most, whatever reduce_bucket_size says
-    assert buffer_terms(training, Placement(2), buckets, None) == {"reduce_staging": 2**21 * 2 * 2}
+    # on NCCL the configured reduce_bucket_size is the layout; on gloo stages 0-2 cap it at 2^21 elements
+    assert buffer_terms(training, Placement(2), buckets, None) == {"reduce_staging": 2 * 10**8 * 2 * 2}
+    gloo = Buckets(reduce_bucket_size=2 * 10**8, overlap_comm=True, layout_cap=2**21)
+    assert buffer_terms(training, Placement(2), gloo, None) == {"reduce_staging": 2**21 * 2 * 2}
     no_overlap = Buckets(reduce_bucket_size=10**6, overlap_comm=False)
     assert buffer_terms(training, Placement(2), no_overlap, None) == {"reduce_staging": 10**6 * 2}
     tiny = Training(1000, 2)

@@ -82,7 +82,9 @@ def test_optimizer_temporaries_follow_torch_adamw() -> None:
 def test_the_estimate_counts_the_in_flight_terms_once() -> None:
     shape = ModelShape(hidden=1024, layers=4, heads=16, vocab=32000)
     training = Training(shape.param_count(), 4)
-    request = EstimateRequest(training, gpus_per_node=4, shape=shape, overhead=0)
+    # the gloo layout (capped at 2^21 elements), where a bucket is the largest parameter's
+    request = EstimateRequest(training, gpus_per_node=4, shape=shape, overhead=0,
+                              buckets=Buckets(layout_cap=MAX_BUCKET_NUMEL))
     unit = shape.largest_unit()
     bucket = max(shape.embedding_params(), 1024 * shape.ffn_size)  # stages 0-2: the largest parameter's bucket
     for stage in (0, 1):
@@ -98,7 +100,7 @@ def test_the_bucket_cap_mirrors_the_engine() -> None:
     from zerorun.engine.buckets import MAX_BUCKET_NUMEL as ENGINE_CAP
 
     assert MAX_BUCKET_NUMEL == ENGINE_CAP
-    assert Buckets().reduce_bucket_size > MAX_BUCKET_NUMEL  # so the cap is what the default layout uses
+    assert Buckets().reduce_bucket_size > MAX_BUCKET_NUMEL  # so on gloo the cap is what the default layout uses
 
 
 def _facts(stage: int, per_rank: list[dict[str, int]]) -> dict:

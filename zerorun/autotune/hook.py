@@ -34,6 +34,7 @@ from zerorun.autotune.protocol import (
     memory_cap,
     read_trial_overrides,
 )
+from zerorun.engine.buckets import MAX_BUCKET_NUMEL
 
 
 def trial_config(source: str | Path | dict[str, Any]) -> str | Path | dict[str, Any]:
@@ -80,7 +81,8 @@ def measured_facts(engine: Any) -> dict[str, Any]:
         "memory_breakdown": dict(engine.memory_breakdown()),
         "dtype": "bf16" if cfg.bf16.enabled else "fp16" if cfg.fp16.enabled else "fp32",
         "optimizer": optimizer,
-        "buckets": {k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
+        "buckets": {**{k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
+                    "layout_cap": None if engine.coll.native_reduce_scatter else MAX_BUCKET_NUMEL},
         "largest_bucket": max((b.plan.padded_numel for b in engine.parts.buckets), default=0),
         "largest_param": max((s.numel for b in engine.parts.buckets for s in b.plan.slots), default=0),
         "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
@@ -147,10 +149,6 @@ class EngineTrial(TrialRecorder):
         from zerorun.engine.physical_memory import physical_figures
 
         mine = physical_figures(self.engine.device)
-        ranks: list[Any] = [None] * int(self.engine.ctx.world_size)
-        if len(ranks) > 1:  # every rank calls finish: one gather, rank 0 writes
-            torch.distributed.all_gather_object(ranks, mine, group=self.engine.ctx.group)
-        else:
-            ranks = [mine]
-        self.physical_per_rank = ranks
+        # every rank calls finish: one gather, rank 0 writes
+        self.physical_per_rank = self.engine.coll.all_gather_object(mine)
         super().finish()

@@ -311,6 +311,14 @@ class Collectives:
                     dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), peer, self.group)]
         return self._exchange(ops, None, async_op)
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order; uncounted (set-up and figures, not training)."""
+        if not self._live():
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     # ---- the same-host shared-memory lane (gloo only) ---------------------------------------------
     def open_shared_lane(self, largest_numel: int) -> bool:
         """Carry this group's reduce-scatters, all-gathers and sum all-reduces through shared memory,
@@ -323,9 +331,8 @@ class Collectives:
         slot_bytes = shared_memory.slot_bytes_for(4 * largest_numel)
         if self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu":
             return self.lane is not None
-        offers: list[Any] = [None] * self.world_size
         offer = (shared_memory.lane_supported(), shared_memory.host_identity(), shared_memory.new_token())
-        dist.all_gather_object(offers, offer, group=self.group)
+        offers = self.all_gather_object(offer)
         if not all(o[0] for o in offers) or len({o[1] for o in offers}) != 1:
             return False
         token = offers[0][2]

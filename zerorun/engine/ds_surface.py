@@ -205,6 +205,8 @@ class DeepSpeedSurface:
         ``torch_autocast`` when enabled; otherwise an autocast the caller opened is switched off
         inside the engine (the fp16/bf16 blocks decide the precision)."""
         device = self.ctx.device.type
+        if device == "meta":  # simulation: nothing is computed, and autocast knows no meta device
+            return contextlib.nullcontext()
         if self.torch_autocast_enabled():
             return torch.autocast(device_type=device, dtype=torch.bfloat16)
         if torch.is_autocast_enabled(device):

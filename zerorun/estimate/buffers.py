@@ -35,6 +35,9 @@ class Buckets:
     stage3_max_live_parameters: int = 1_000_000_000
     stage3_param_persistence_threshold: int = 100_000
     stage3_max_reuse_distance: int = 1_000_000_000
+    # stages 0-2 cap their bucket layout at MAX_BUCKET_NUMEL on gloo (the engine's layout_numel); on
+    # NCCL, the GPU this estimate is for, the configured reduce_bucket_size holds: None
+    layout_cap: int | None = None
 
     @classmethod
     def from_zero_config(cls, zero: Any) -> Buckets:
@@ -44,8 +47,9 @@ class Buckets:
             name: getattr(zero, name, getattr(defaults, name))
             for name in cls.__dataclass_fields__
         }
-        overlap = values.pop("overlap_comm")
-        return cls(overlap_comm=None if overlap is None else bool(overlap), **{k: int(v) for k, v in values.items()})
+        overlap, cap = values.pop("overlap_comm"), values.pop("layout_cap")
+        return cls(overlap_comm=None if overlap is None else bool(overlap), layout_cap=cap,
+                   **{k: int(v) for k, v in values.items()})
 
 
 def window_policy(buckets: Buckets) -> WindowPolicy:
@@ -61,13 +65,14 @@ MAX_BUCKET_NUMEL = 2**21
 
 def largest_bucket(training: Training, buckets: Buckets, shape: ModelShape | None, stage: int = 2) -> int:
     """Elements of the largest bucket: the layout's bucket size (``reduce_bucket_size``, at most
-    :data:`MAX_BUCKET_NUMEL` at stages 0-2), or one parameter that is larger, capped by Ψ. At
+    ``buckets.layout_cap`` at stages 0-2), or one parameter that is larger, capped by Ψ. At
     stage 3 a bucket is one module, so with the shape known it is the largest parameter's module."""
     largest_param = max(shape.embedding_params(), shape.hidden * shape.ffn_size) if shape else 0
     if stage == 3:  # without the shape the unit is unknown: the bucket size bounds it
         layout = 0 if shape else buckets.reduce_bucket_size
     else:
-        layout = min(buckets.reduce_bucket_size, MAX_BUCKET_NUMEL)
+        cap = buckets.layout_cap
+        layout = buckets.reduce_bucket_size if cap is None else min(buckets.reduce_bucket_size, cap)
     return min(training.params, max(layout, largest_param))
 
 
