@@ -83,6 +83,7 @@ class PartitionedBucket(FlatBucket):
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
+        self._version = 0  # the full buffer's autograd version before the refill in flight
         self.offload: Any = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = _own_storage(self.data)  # the one full buffer; holds bytes only while not sharded
@@ -130,17 +131,17 @@ class PartitionedBucket(FlatBucket):
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
-        with _same_version(full):
-            self.shard(full).copy_(local, non_blocking=True)
-            self._pending = self.coll.all_gather(full, async_op=True)
+        self._version = full._version  # restored when the refill is complete (see _keep_version)
+        self.shard(full).copy_(local, non_blocking=True)
+        self._pending = self.coll.all_gather(full, async_op=True)
 
     def wait(self) -> None:
         """IN_FLIGHT -> GATHERED: the buffer is complete; the parameters become views of it."""
         self._move(ParamState.GATHERED)
         assert self._pending is not None
-        with _same_version(self._full):
-            self._pending.wait()
+        self._pending.wait()
         self._pending = None
+        _keep_version(self._full, self._version)
         self.bind()
 
     def gather(self) -> None:
@@ -220,14 +221,16 @@ def _free(flat: torch.Tensor) -> None:
     flat.untyped_storage().resize_(0)
 
 
-def _same_version(flat: torch.Tensor) -> Any:
+def _keep_version(flat: torch.Tensor, version: int) -> None:
     """Refilling a buffer with the values it held is not an in-place edit for autograd.
 
     The views that autograd saved in forward share the buffer's version counter; writing
-    the same values back (the re-gather before backward) would otherwise read as a
-    modification and fail backward.
+    the same values back (the re-gather before backward: the shard copy, then the
+    all-gather's writes until its wait) would otherwise read as a modification and fail
+    backward. So the counter goes back to what it was before the refill, once the refill
+    is complete.
     """
-    return torch.autograd._unsafe_preserve_version_counter(flat)
+    torch._C._autograd._unsafe_set_version_counter((flat,), (version,))
 
 
 def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:
