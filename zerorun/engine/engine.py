@@ -113,6 +113,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         owned = parts.grad_sync.owned_grads()
         norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
         overflow = not torch.isfinite(torch.tensor(norm_sq)).item()
+        self.optimizer.overflow = overflow  # type: ignore[attr-defined]  # accelerate: was the step skipped?
         if overflow:
             self.skipped_steps += 1
             self._grad_norm = None

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerorun.engine import ds_param_attrs
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives, Pending
 from zerorun.engine.param_state import ParamState, check_transition
@@ -75,6 +76,7 @@ class PartitionedBucket(FlatBucket):
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         for p in params:
             setattr(p, BUCKET_ATTR, self)
+        ds_param_attrs.sync(self)
 
     # ---- set-up -------------------------------------------------------------------------------
     def seal(self) -> None:
@@ -100,6 +102,7 @@ class PartitionedBucket(FlatBucket):
     def _move(self, new: ParamState) -> None:
         check_transition(self.state, new, f"parameter bucket {self.name}")
         self.state = new
+        ds_param_attrs.sync(self)
 
     def gather_async(self) -> None:
         """SHARDED -> IN_FLIGHT: allocate the full buffer and start the all-gather."""
