@@ -92,7 +92,9 @@ def _part_of_shard(bucket: PartitionedBucket, offset: int, numel: int) -> torch.
         return torch.empty(0, dtype=bucket.data.dtype, device=bucket.data.device)
     lo, hi = bucket.shard_offset, bucket.shard_offset + local.numel()
     start, end = max(offset, lo), min(offset + numel, hi)
-    return local.narrow(0, start - lo, max(end - start, 0)) if local.numel() else local
+    if end <= start:  # the slot lies wholly in another rank's chunk
+        return local.narrow(0, 0, 0)
+    return local.narrow(0, start - lo, end - start)
 
 
 def sync(bucket: PartitionedBucket) -> None:
