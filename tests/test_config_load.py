@@ -87,3 +87,17 @@ def test_dict_source_is_not_mutated() -> None:
         load_config(source, world_size=2, hidden_size=64)
     assert source == before
 
+
+
+def test_dotted_top_level_keys_are_ignored_with_a_warning() -> None:
+    """TRL's prepare_deepspeed writes literal dotted keys; DeepSpeed ignores them, and so does zerorun."""
+    from zerorun.config import load_config
+    from zerorun.config.problems import ConfigWarning
+
+    raw = {"zero_optimization": {"stage": 3}, "zero_optimization.reduce_bucket_size": 64,
+           "zero_optimization.stage3_param_persistence_threshold": 320}
+    with pytest.warns(ConfigWarning, match=r"zero_optimization\.reduce_bucket_size: a dotted top-level key is "
+                                           r"ignored.*inside the `zero_optimization` block"):
+        cfg = load_config(raw, world_size=2)
+    assert cfg.zero_optimization.reduce_bucket_size != 64
+    assert cfg.zero_optimization.stage3_param_persistence_threshold != 320

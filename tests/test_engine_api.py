@@ -86,9 +86,13 @@ def test_errors_name_the_problem_and_the_fix() -> None:
         zerorun.initialize(model=_model(), config={**BASE, "optimizer": {"type": "SGD",
                                                                          "params": {"lr": 0.1, "bogus": 1}}})
     assert "torch.optim.SGD" in (err.value.hint or "")
-    with pytest.raises(EngineError, match="no optimizer") as err:
-        zerorun.initialize(model=_model(), config=BASE)
-    assert "optimizer" in (err.value.hint or "")
+    engine, optimizer, _, _ = zerorun.initialize(model=_model(), config=BASE)  # forward only (a reference model)
+    assert optimizer is None and engine.optimizer is None
+    with pytest.raises(EngineError, match=r"engine.step\(\) on an engine built without an optimizer") as err:
+        engine.step()
+    assert "optimizer=" in (err.value.hint or "")
+    with pytest.raises(EngineError, match="no optimizer for it to drive"):
+        zerorun.initialize(model=_model(), config={**BASE, "scheduler": {"type": "WarmupLR", "params": {}}})
     with pytest.raises(EngineError, match="no engine config"):
         zerorun.initialize(model=_model())
 

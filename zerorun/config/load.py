@@ -103,6 +103,23 @@ def _derive_overlap(cfg: ZerorunConfig) -> tuple[ZerorunConfig, dict[str, str]]:
     }
 
 
+def strip_dotted(data: dict[str, Any]) -> list[Problem]:
+    """Remove top-level keys written with dots (``"zero_optimization.reduce_bucket_size"``); report each.
+
+    TRL's ``prepare_deepspeed`` writes three such keys for its reference model. DeepSpeed
+    reads its config block by block and never looks at them, so they change nothing there;
+    zerorun ignores them too, so one script configures the same run on both (see README).
+    """
+    problems = []
+    for key in [k for k in data if isinstance(k, str) and "." in k]:
+        value = data.pop(key)
+        where = (f"set `{key.rsplit('.', 1)[-1]}: {value!r}` inside the `{key.rsplit('.', 1)[0]}` block for it "
+                 "to take effect" if key in keys.fields() else "it names no config key")
+        problems.append(Problem(key, f"a dotted top-level key is ignored, as DeepSpeed ignores it ({where})",
+                                severity=Severity.WARNING))
+    return problems
+
+
 def inspect_config(
     source: Source, *, world_size: int | None = None, hidden_size: int | None = None
 ) -> LoadedConfig:
@@ -110,7 +127,7 @@ def inspect_config(
     _check_size("world_size", world_size)
     _check_size("hidden_size", hidden_size)
     raw, origin = read_source(source)
-    problems = strip_compat(raw)
+    problems = strip_compat(raw) + strip_dotted(raw)
     renamed = rewrite(raw)
     problems += renamed.problems
     given = frozenset(keys.leaves(raw)) - set(renamed.renamed)

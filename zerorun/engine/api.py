@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from zerorun.autotune.hook import trial_config
+from zerorun.engine import ds_param_attrs
 from zerorun.engine import precision as precision_mod
 from zerorun.engine.bootstrap import DistContext, init_distributed
 from zerorun.engine.build import build_parts
@@ -32,9 +33,11 @@ from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.grad_sync import ReducePolicy
+from zerorun.engine.inference import InferenceEngine, build_inference_parts
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.optim_factory import build_optimizer
+from zerorun.engine.parameter_offload import ParameterOffload
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.stage3 import build_stage3_parts
 from zerorun.engine.stages import policy_for_stage
@@ -180,8 +183,11 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     precision = precision_mod.from_config(cfg)
     if not stage.shard_parameters:  # stage 3 shards first and moves unit by unit (stage3.plan_stage3)
         model.to(ctx.device)
-    opt = _make_optimizer(cfg, optimizer, model, model_parameters)
     coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+    if optimizer is None and cfg.optimizer is None:  # a reference/teacher/eval model: forward passes only
+        return _initialize_inference(ctx, coll, model, cfg, stage, precision, lr_scheduler, training_data,
+                                     collate_fn)
+    opt = _make_optimizer(cfg, optimizer, model, model_parameters)
     zero = cfg.zero_optimization
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
@@ -192,11 +198,40 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
         parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce, offload, param_offload)
     else:
         parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce, offload)
+    _deepspeed_attributes(model, opt, parts)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
-    loader = None
-    if training_data is not None:
-        loader = build_dataloader(training_data, engine.train_micro_batch_size_per_gpu(), ctx.rank,
-                                  ctx.world_size, collate_fn)
-        engine.training_dataloader = loader
-    return engine, opt, loader, scheduler
+    return engine, opt, _attach_loader(engine, training_data, collate_fn), scheduler
+
+
+def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Any) -> None:
+    """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
+    a bucket's persistence is set by then, which is no state transition)."""
+    if not hasattr(opt, "overflow"):
+        opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
+    if getattr(parts, "coordinator", None) is not None:  # stage 3: TRL's generation helper takes the hooks off
+        ds_param_attrs.sync_all([*parts.buckets, *parts.frozen])
+        opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
+
+
+def _attach_loader(engine: Engine, training_data: Any, collate_fn: Any) -> Any:
+    if training_data is None:
+        return None
+    loader = build_dataloader(training_data, engine.train_micro_batch_size_per_gpu(), engine.ctx.rank,
+                              engine.ctx.world_size, collate_fn)
+    engine.training_dataloader = loader
+    return loader
+
+
+def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module, cfg: Any, stage: Any,
+                          precision: Any, lr_scheduler: Any, training_data: Any,
+                          collate_fn: Any) -> tuple[Engine, Any, Any, Any]:
+    """No optimizer anywhere: an engine for forward passes (:mod:`zerorun.engine.inference`)."""
+    if lr_scheduler is not None or cfg.scheduler is not None:
+        raise EngineError("a learning-rate scheduler was given, but no optimizer for it to drive",
+                          "drop the scheduler (and the config's `scheduler` block) for a forward-only model, "
+                          "or pass an optimizer / add an `optimizer` block to train it")
+    parts = build_inference_parts(model, coll, stage, precision, cfg.zero_optimization, ctx.device)
+    ds_param_attrs.sync_all(getattr(parts, "frozen", []))
+    engine = InferenceEngine(model, None, cfg, ctx, coll, stage, precision, parts)
+    return engine, None, _attach_loader(engine, training_data, collate_fn), None

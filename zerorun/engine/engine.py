@@ -116,6 +116,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         owned = parts.grad_sync.owned_grads()
         norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
         overflow = not math.isfinite(norm_sq)  # a float already: no tensor, no second host read
+        self.optimizer.overflow = overflow  # type: ignore[attr-defined]  # accelerate: was the step skipped?
         if overflow:
             self.skipped_steps += 1
             self._grad_norm = None

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zerorun.engine import ds_param_attrs
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives, Pending
 from zerorun.engine.param_state import ParamState, check_transition
@@ -91,11 +92,13 @@ class PartitionedBucket(FlatBucket):
         self.bind()
         for p in params:
             setattr(p, BUCKET_ATTR, self)
+        ds_param_attrs.sync(self)
 
     # ---- set-up -------------------------------------------------------------------------------
     def seal(self) -> None:
         """Take this rank's chunk of the (gathered, rank-consistent) buffer as the persistent shard."""
         self.local = self.shard(self.data).clone()
+        ds_param_attrs.sync(self)  # ds_tensor: a view of the new shard
 
     def cast_(self, dtype: torch.dtype) -> None:
         if self.local is not None and self.local.dtype != dtype:
@@ -111,6 +114,7 @@ class PartitionedBucket(FlatBucket):
             self._full = torch.empty(self.plan.padded_numel, dtype=dtype, device=self._placeholder.device)
             _free(self._full)
             self.data = self._placeholder
+        ds_param_attrs.sync(self)  # ds_tensor views the cast shard
 
     def bind(self) -> None:
         """Gathered: the parameters become plain views of the buffer (no guard on their ops)."""
@@ -122,6 +126,7 @@ class PartitionedBucket(FlatBucket):
     def _move(self, new: ParamState) -> None:
         check_transition(self.state, new, f"parameter bucket {self.name}")
         self.state = new
+        ds_param_attrs.sync_status(self)
 
     def gather_async(self) -> None:
         """SHARDED -> IN_FLIGHT: allocate the full buffer and start the all-gather."""

@@ -1,0 +1,119 @@
+"""Engines without an optimizer: reference, teacher and evaluation models (forward only).
+
+``initialize(model=m, config=cfg)`` with no optimizer and no ``optimizer`` block (what TRL's
+``prepare_deepspeed`` does for a DPO reference model or a GKD teacher) builds one. It holds
+no fp32 master, no optimizer state and no gradient buffers; ``engine.optimizer`` is None,
+as on DeepSpeed. Stages 0-2 keep the whole model on every rank (rank 0's weights,
+broadcast, in the compute dtype); stage 3 shards every parameter into the same buckets
+as training does (as parameters the optimizer does not step) and gathers them around
+each unit's forward through the usual coordinator. Each forward closes its gather pass,
+so the first forward's order is recorded and later ones prefetch along it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine.build import Parts
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.engine import Engine
+from zerorun.engine.errors import EngineError, rank_prefixed
+from zerorun.engine.gather import GatherCoordinator, GatherPolicy
+from zerorun.engine.precision import PrecisionPolicy
+from zerorun.engine.stage3 import Stage3Parts, plan_stage3
+from zerorun.engine.stages import StagePolicy
+
+_HINT = ("pass optimizer= to initialize() or add an `optimizer` block to the config to train this model; "
+         "an engine built without one runs forward passes only")
+
+
+class _NoGradients:
+    """The gradient-sync slot of an engine that never reduces gradients."""
+
+    boundary: Any = None
+    unscaled_passes = 0
+
+    def zero(self) -> None:
+        """No gradient state to clear."""
+
+    def held_bytes(self) -> tuple[int, int]:
+        return 0, 0
+
+
+class _NoMasters:
+    """The master-shard slot of an engine that never steps."""
+
+    def held_bytes(self) -> int:
+        return 0
+
+
+class _NoOptimizer:
+    """Stands in for the optimizer while :class:`Engine` wires ``zero_grad``; replaced by None after."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No gradients to clear."""
+
+
+def build_inference_parts(module: nn.Module, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
+                          zero_cfg: Any, device: torch.device) -> Parts:
+    if not stage.shard_parameters:
+        with torch.no_grad():  # every rank computes with rank 0's weights, as after a training engine's build
+            for t in {id(t): t for t in (*module.parameters(), *module.buffers())}.values():
+                coll.broadcast(t.data, src=0)
+        module.to(precision.compute_dtype)
+        return Parts([], _NoMasters(), _NoGradients(), [])  # type: ignore[arg-type]
+    plan = plan_stage3(module, [], coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
+    coll.open_shared_lane(max((b.plan.padded_numel for b in plan.frozen), default=1))
+    module.to(precision.compute_dtype)
+    policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
+                          max_live=int(zero_cfg.stage3_max_live_parameters),
+                          max_reuse=int(zero_cfg.stage3_max_reuse_distance))
+    coordinator = GatherCoordinator(plan.frozen, plan.units, policy)
+    coordinator.attach(module, plan.modules)
+    return Stage3Parts([], _NoMasters(), _NoGradients(), [], coordinator, plan.units,  # type: ignore[arg-type]
+                       None, plan.frozen)
+
+
+class InferenceEngine(Engine):
+    """An :class:`Engine` whose ``backward``/``step`` raise; ``optimizer`` is None."""
+
+    def __init__(self, module: nn.Module, *args: Any) -> None:
+        super().__init__(module, _NoOptimizer(), *args)  # type: ignore[arg-type]
+        self.optimizer = None  # type: ignore[assignment]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().forward(*args, **kwargs)
+        coordinator = getattr(self.parts, "coordinator", None)
+        if coordinator is not None and torch._C._current_graph_task_id() == -1:
+            coordinator.end_pass()  # no backward follows: release what is gathered, record the first order
+        return out
+
+    def _refuse(self, what: str) -> EngineError:
+        return EngineError(rank_prefixed(self.ctx.rank, f"engine.{what}() on an engine built without an "
+                                         "optimizer (initialize() got none and the config has no `optimizer` "
+                                         "block)"), _HINT)
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        raise self._refuse("backward")
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        raise self._refuse("step")
+
+    def get_lr(self) -> list[float]:
+        return []
+
+    def num_parameters(self) -> int:
+        """Parameters managed by the engine (without padding); none is trained."""
+        return sum(b.plan.numel for b in getattr(self.parts, "frozen", ()))
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """As :meth:`Engine.memory_breakdown`; gradients, masters and optimizer state are always 0."""
+        from zerorun.engine import figures
+
+        params = sum(b.held_bytes() for b in getattr(self.parts, "frozen", ()))
+        if not self.stage.shard_parameters:  # the whole model, in no bucket
+            params = sum(t.numel() * t.element_size() for t in {id(p): p for p in self.module.parameters()}.values())
+        return figures.memory_breakdown(params, 0, 0, 0, 0)
