@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zerorun.engine.param_state import ParamState
 
 WIDTH, CLASSES = 12, 5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _world_of_one() -> object:
+    """These engines are worlds of one in this process: leave no process group to later modules."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _config() -> dict:

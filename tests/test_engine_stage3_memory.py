@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -26,6 +27,14 @@ from zerorun.engine.param_state import ParamState
 
 WIDTH, RANK = 24, 4
 LR = 0.1  # SGD in the parity checks: Adam's first step turns gradients near its eps into large differences
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _world_of_one() -> object:
+    """These engines are worlds of one in this process: leave no process group to later modules."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _config(stage: int = 3, gas: int = 1, dtype: str = "fp32", optimizer: str = "SGD") -> dict:
