@@ -199,10 +199,7 @@ class GatherCoordinator:
 
         def backward_done(_grads: object) -> None:
             if fired[0]:
-                for bi in frozen:
-                    self.frozen_open[bi] -= 1
-                    if self.frozen_open[bi] == 0 and self.active[bi] == 0:
-                        self._release_now(bi)
+                self._close_frozen(frozen)
 
         hooked = False
         for t in tree_flatten(output)[0]:
@@ -222,14 +219,14 @@ class GatherCoordinator:
             return
         for bi in frozen:
             self.frozen_open[bi] += 1
+        torch.autograd.graph.register_multi_grad_hook(grad_inputs, lambda _grads: self._close_frozen(frozen))
 
-        def done(_grads: object) -> None:
-            for bi in frozen:
-                self.frozen_open[bi] -= 1
-                if self.frozen_open[bi] == 0 and self.active[bi] == 0:
-                    self._release_now(bi)
-
-        torch.autograd.graph.register_multi_grad_hook(grad_inputs, done)
+    def _close_frozen(self, frozen: list[int]) -> None:
+        """A unit's backward that may read these frozen buckets is over: release those no other one may read."""
+        for bi in frozen:
+            self.frozen_open[bi] -= 1
+            if self.frozen_open[bi] == 0 and self.active[bi] == 0:
+                self._release_now(bi)
 
     # ---- gathering ----------------------------------------------------------------------------
     def pre_unit(self, u: int) -> None:

@@ -87,9 +87,7 @@ class PartitionedBucket(FlatBucket):
         self._version = 0  # the full buffer's autograd version before the refill in flight
         self.offload: Any = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
-        self._full = _own_storage(self.data)  # the one full buffer; holds bytes only while not sharded
-        self.data = self._full
-        self.bind()
+        self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
         for p in params:
             setattr(p, BUCKET_ATTR, self)
         ds_param_attrs.sync(self)
@@ -105,12 +103,9 @@ class PartitionedBucket(FlatBucket):
             self.local = self.local.to(dtype)
         self._placeholder = self._placeholder.to(dtype)
         if self.state is ParamState.GATHERED:
-            super().cast_(dtype)
-            self._full = _own_storage(self.data)
-            self.data = self._full
-            self.bind()
+            super().cast_(dtype)  # a new buffer in ``dtype``, the parameters bound to it
+            self._full = self.data
         elif self._full.dtype != dtype:
-            _free(self._full)
             self._full = torch.empty(self.plan.padded_numel, dtype=dtype, device=self._placeholder.device)
             _free(self._full)
             self.data = self._placeholder
@@ -129,7 +124,7 @@ class PartitionedBucket(FlatBucket):
         ds_param_attrs.sync_status(self)
 
     def gather_async(self) -> None:
-        """SHARDED -> IN_FLIGHT: allocate the full buffer and start the all-gather."""
+        """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather."""
         self._move(ParamState.IN_FLIGHT)
         local = self.local if self.offload is None else self.offload.fetch(self)
         assert local is not None
@@ -213,13 +208,6 @@ class PartitionedBucket(FlatBucket):
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
         full = self.live_numel * self._placeholder.element_size()
         return local + full
-
-
-def _own_storage(flat: torch.Tensor) -> torch.Tensor:
-    """``flat`` as a tensor that is the whole of its storage (so resizing the storage frees exactly it)."""
-    if flat.storage_offset() == 0 and flat.untyped_storage().nbytes() == flat.numel() * flat.element_size():
-        return flat
-    return flat.clone()
 
 
 def _free(flat: torch.Tensor) -> None:

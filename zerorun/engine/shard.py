@@ -13,8 +13,6 @@ updated parameters.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -105,7 +103,9 @@ class MasterShards:
                 for i in chunk:
                     self.masters[i].grad = None
                 if overlap:
-                    pending.extend(self._publish_bucket(i, coll) for i in chunk)
+                    for i in chunk:
+                        self._write_back(i)
+                        pending.append(coll.all_gather(self.buckets[i].data, async_op=True))
         finally:
             for g, params in zip(groups, kept, strict=True):
                 g["params"] = params
@@ -114,12 +114,12 @@ class MasterShards:
         for p in pending:
             p.wait()
 
-    def _publish_bucket(self, i: int, coll: Collectives) -> Any:
-        b, m = self.buckets[i], self.masters[i]
+    def _write_back(self, i: int) -> None:
+        """Bucket ``i``'s stepped master into its compute buffer (nothing to do when the master is the buffer)."""
         if not self.alias:
+            b = self.buckets[i]
             with torch.no_grad():
-                self.owned(b, b.data).copy_(m)
-        return coll.all_gather(b.data, async_op=True)
+                self.owned(b, b.data).copy_(self.masters[i])
 
     # The whole-step sequence: set_grads -> optimizer.step -> clear_grads -> publish.
     def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
@@ -139,10 +139,8 @@ class MasterShards:
 
     def publish(self, coll: Collectives) -> None:
         """Copy masters into the compute buffers and, when sharded, all-gather the buckets."""
-        if not self.alias:
-            with torch.no_grad():
-                for b, m in zip(self.buckets, self.masters, strict=True):
-                    self.owned(b, b.data).copy_(m)
+        for i in range(len(self.buckets)):
+            self._write_back(i)
         if self.sharded:
             for p in [coll.all_gather(b.data, async_op=True) for b in self.buckets]:
                 p.wait()

@@ -69,16 +69,12 @@ class Transfers:
         if not self.pins:
             return t
         nbytes = t.numel() * t.element_size()
-        if len(self._ring) < slots or self._ring[self._turn].numel() < nbytes:
-            self.wait()
-            buf = self._pinned_empty(torch.Size([nbytes]), torch.uint8)
-            if len(self._ring) < slots:
-                self._ring.append(buf)
-                self._turn = len(self._ring) - 1
-            else:
-                self._ring[self._turn] = buf
-        else:
-            self.wait()  # the slot's previous contents may still be in a queued copy
+        self.wait()  # the slot's previous contents may still be in a queued copy
+        if len(self._ring) < slots:
+            self._ring.append(self._pinned_empty(torch.Size([nbytes]), torch.uint8))
+            self._turn = len(self._ring) - 1
+        elif self._ring[self._turn].numel() < nbytes:
+            self._ring[self._turn] = self._pinned_empty(torch.Size([nbytes]), torch.uint8)
         buf = self._ring[self._turn]
         self._turn = (self._turn + 1) % slots
         out = buf.narrow(0, 0, nbytes).view(t.dtype).view(t.shape)
