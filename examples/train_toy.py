@@ -102,8 +102,8 @@ def held_line(engine: Any) -> str | None:
     """What the worse rank held physically, against plain data parallel on this model (every rank calls it)."""
     import torch.distributed as dist
 
-    from zerorun.autotune.hook import measured_facts
     from zerorun.engine.physical_memory import physical_figures
+    from zerorun.engine.trial import measured_facts
     from zerorun.estimate.measure import against_ddp
 
     ranks: list[dict[str, int] | None] = [None] * engine.ctx.world_size

@@ -11,8 +11,8 @@ import yaml
 from torch import nn
 
 from zerorun.autotune.classify import Outcome, classify
-from zerorun.autotune.hook import guess_hidden_size, trial_config
-from zerorun.autotune.protocol import (
+from zerorun.engine.trial import guess_hidden_size, trial_config
+from zerorun.trial.protocol import (
     ENV_MEMORY_CAP,
     TrialMemoryCapExceeded,
     TrialProtocolError,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from zerorun.autotune.classify import Outcome, classify
-from zerorun.autotune.protocol import (
+from zerorun.trial.protocol import (
     ENV_OVERRIDES,
     ENV_RESULT,
     TrialProtocolError,
@@ -27,7 +27,7 @@ from zerorun.autotune.protocol import (
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from zerorun.autotune.protocol import TrialRecorder, apply_overrides, read_trial_overrides
+    from zerorun.trial.protocol import TrialRecorder, apply_overrides, read_trial_overrides
     config = apply_overrides({"zero_optimization": {"stage": 2}}, read_trial_overrides())
     recorder = TrialRecorder.from_env(rank=0, samples_per_step=8, peak_bytes=lambda: 1234)
     fail = sys.argv[1]

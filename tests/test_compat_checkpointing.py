@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from zerorun.compat import checkpointing as ckpt
-from zerorun.compat.unsupported import UnsupportedFeature
+from zerorun.errors import UnsupportedFeature
 
 
 class Block(nn.Module):

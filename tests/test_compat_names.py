@@ -8,7 +8,7 @@ from zerorun.compat import op_builder
 from zerorun.compat.comm_config import CommsLoggerConfig, DeepSpeedCommsConfig
 from zerorun.compat.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 from zerorun.compat.surface import DeepSpeedConfig
-from zerorun.compat.unsupported import UnsupportedFeature
+from zerorun.errors import UnsupportedFeature
 
 
 def test_every_op_builder_probe_answers_false_and_building_names_the_feature(capsys: pytest.CaptureFixture) -> None:

@@ -19,7 +19,7 @@ from zerorun.compat.config import DeepSpeedConfig
 from zerorun.compat.optimizers import DeepSpeedCPUAdam, FusedAdam
 from zerorun.compat.params import ZeroParamStatus, param_status
 from zerorun.compat.runtime_utils import set_random_seed
-from zerorun.compat.unsupported import UnsupportedFeature
+from zerorun.errors import UnsupportedFeature
 
 
 def test_cpu_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -132,7 +132,7 @@ def test_readme_table_is_rendered_from_the_audit() -> None:
 
 TOUCH = """
 import importlib, json, sys
-from zerorun.compat.unsupported import UnsupportedFeature
+from zerorun.errors import UnsupportedFeature
 out = []
 for module, names, status in json.loads(sys.argv[1]):
     mod = importlib.import_module(module)

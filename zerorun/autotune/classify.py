@@ -13,7 +13,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from zerorun.autotune.protocol import ResultStatus
+from zerorun.trial.protocol import ResultStatus
 
 
 class Outcome(str, Enum):

@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from zerorun.autotune.classify import Outcome
-from zerorun.autotune.protocol import apply_overrides
 from zerorun.autotune.search import Evaluated, Metric, SearchResult, SearchSpace, coarse_plan, describe
+from zerorun.trial.protocol import apply_overrides
 
 _ORDER = {Outcome.FINISHED: 0, Outcome.OOM: 1, Outcome.TIMEOUT: 2, Outcome.CRASH: 3, Outcome.PRUNED: 4}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zerorun.autotune.classify import TrialOutcome, classify
-from zerorun.autotune.protocol import TrialSpec
+from zerorun.trial.protocol import TrialSpec
 
 TERM_GRACE_S = 20.0
 """After a timeout: seconds from SIGTERM (the launcher tears its ranks down) to SIGKILL."""

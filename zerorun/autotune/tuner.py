@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from zerorun.autotune.classify import Outcome, TrialOutcome
 from zerorun.autotune.ledger import Ledger, TrialRecord, knob_key, run_key
-from zerorun.autotune.protocol import apply_overrides
 from zerorun.autotune.prune import MemoryContext, check
 from zerorun.autotune.results import best_yaml, dry_run
 from zerorun.autotune.runner import TrialRunner
@@ -34,6 +33,7 @@ from zerorun.autotune.search import (
 from zerorun.autotune.space import IGNORED_BY_ENGINE, SpaceError, build_space
 from zerorun.autotune.start import StartPoint, memory_context
 from zerorun.errors import ZerorunError
+from zerorun.trial.protocol import apply_overrides
 
 BASELINE_TIMEOUT_S = 900.0
 """The baseline's limit when --trial-timeout is not given (nothing is known about the script yet)."""

@@ -19,7 +19,7 @@ shadowed unless ``ZERORUN_AS_DEEPSPEED=force``.
 
 Anything zerorun does not implement (pipeline, sparse attention, inference injection,
 1-bit optimizers, MoE, ...) imports (:mod:`zerorun.compat.lazy`) and raises
-:class:`~zerorun.compat.unsupported.UnsupportedFeature` naming it at first use - never a
+:class:`~zerorun.errors.UnsupportedFeature` naming it at first use - never a
 silent no-op; helpers whose answer is known without the feature give DeepSpeed's answer.
 """
 

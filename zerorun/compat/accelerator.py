@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import torch
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 
 def _typed_tensor(dtype: torch.dtype) -> property:

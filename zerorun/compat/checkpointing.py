@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 _MODEL_PARALLEL_RNG = "model-parallel-rng"
 

@@ -117,7 +117,7 @@ def reduce_scatter_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tenso
 def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: Any = None,
                       input_split_sizes: Any = None, group: Any = None, async_op: bool = False, **_: Any) -> Any:
     if output_split_sizes is not None or input_split_sizes is not None:
-        from zerorun.compat.unsupported import unsupported
+        from zerorun.errors import unsupported
 
         unsupported("uneven all_to_all_single splits (deepspeed.comm.all_to_all_single)")
     return coll.script_all_to_all_single(output, tensor, group, async_op)

@@ -25,7 +25,7 @@ class DeepSpeedConfig:
 
     def __init__(self, config: Any, mpu: Any = None, mesh_device: Any = None) -> None:
         if mpu is not None:
-            from zerorun.compat.unsupported import unsupported
+            from zerorun.errors import unsupported
 
             unsupported("model parallelism (DeepSpeedConfig(mpu=...))")
         self.world_size = _world_size()

@@ -6,7 +6,7 @@ use. Two pieces make that true:
 
 * :func:`unsupported_names` is the module-level ``__getattr__`` (PEP 562) of each
   unsupported package: any public name it lacks is a stand-in class whose construction
-  (or call) raises :class:`~zerorun.compat.unsupported.UnsupportedFeature` naming the
+  (or call) raises :class:`~zerorun.errors.UnsupportedFeature` naming the
   feature; ``isinstance(x, Stand_in)`` is False, which is DeepSpeed's answer for a model
   without that feature.
 * :class:`UnsupportedFinder`, last on ``sys.meta_path``, turns any ``deepspeed.*`` module
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zerorun.compat import SITEDIR
-from zerorun.compat.unsupported import unsupported_class
+from zerorun.errors import unsupported_class
 
 FEATURE_ATTR = "__zerorun_unsupported__"
 """Set on an unsupported module: the feature its stand-ins name (submodules inherit it)."""

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 _FEATURE = "mixture of experts (expert parameters, deepspeed.moe)"
 

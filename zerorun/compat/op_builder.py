@@ -2,7 +2,7 @@
 
 Scripts probe ``CPUAdamBuilder().is_compatible()`` (or ``AsyncIOBuilder``) before choosing
 a code path: every builder answers False, and says why when ``verbose``; ``load()`` /
-``jit_load()`` / ``builder()`` raise :class:`~zerorun.compat.unsupported.UnsupportedFeature`.
+``jit_load()`` / ``builder()`` raise :class:`~zerorun.errors.UnsupportedFeature`.
 zerorun's own optimizers (``deepspeed.ops.adam``) and NVMe offload need no compiled op.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 REASON = ("zerorun builds no DeepSpeed C++/CUDA op; deepspeed.ops.adam's optimizers and NVMe offload run "
           "on torch without one")

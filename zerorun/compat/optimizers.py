@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 
 class _DeepSpeedAdam(torch.optim.Adam):

@@ -1,7 +1,7 @@
 """The top-level ``deepspeed`` names: ``initialize``, ``init_distributed``, ``add_config_arguments``, ``zero``...
 
 Everything here is zerorun's own API under DeepSpeed's name; the names zerorun does not
-implement fail on first use with :class:`~zerorun.compat.unsupported.UnsupportedFeature`.
+implement fail on first use with :class:`~zerorun.errors.UnsupportedFeature`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from zerorun.compat import DEEPSPEED_VERSION
 from zerorun.compat.accelerator import get_accelerator
 from zerorun.compat.comm import init_distributed
 from zerorun.compat.config import DeepSpeedConfig
-from zerorun.compat.unsupported import unsupported, unsupported_class
 from zerorun.engine import api
 from zerorun.engine.api import add_config_arguments
 from zerorun.engine.engine import Engine as DeepSpeedEngine
+from zerorun.errors import unsupported, unsupported_class
 
 __version__ = DEEPSPEED_VERSION
 __version_major__, __version_minor__, __version_patch__ = (int(x) for x in DEEPSPEED_VERSION.split("+")[0].split("."))

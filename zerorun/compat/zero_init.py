@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zerorun import zero
-from zerorun.compat.unsupported import unsupported
+from zerorun.errors import unsupported
 
 
 def _whole_world(group: Any) -> bool:

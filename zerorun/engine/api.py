@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.autotune.hook import trial_config
 from zerorun.engine import ds_param_attrs
 from zerorun.engine import precision as precision_mod
 from zerorun.engine.bootstrap import DistContext, init_distributed
@@ -41,6 +40,7 @@ from zerorun.engine.parameter_offload import ParameterOffload
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.stage3 import build_stage3_parts
 from zerorun.engine.stages import policy_for_stage
+from zerorun.engine.trial import trial_config
 
 CONFIG_ENV = "ZERORUN_CONFIG"
 _FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.autotune.hook import recorder_for
 from zerorun.engine import figures, fragments, loss_scaler, physical_memory
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
@@ -35,6 +34,7 @@ from zerorun.engine.hf_surface import HfSurface
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import optimizer_state_bytes
 from zerorun.engine.stages import StagePolicy
+from zerorun.engine.trial import recorder_for
 
 
 class NonFiniteGradientWarning(RuntimeWarning):
@@ -260,7 +260,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         from zerorun.engine.checkpoint import load_checkpoint
 
         if custom_load_fn is not None:
-            from zerorun.compat.unsupported import unsupported
+            from zerorun.errors import unsupported
 
             unsupported("load_checkpoint(custom_load_fn=...)")
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,

@@ -1,7 +1,7 @@
 """``engine.offload_states()`` / ``reload_states()``: move the model state to host memory and back.
 
 RLHF frameworks free accelerator memory this way while another model generates. As in
-DeepSpeed 0.19.8, ``include`` picks from :class:`~zerorun.compat.offload_config.OffloadStateTypeEnum`
+DeepSpeed 0.19.8, ``include`` picks from :class:`OffloadStateTypeEnum`
 (all of them when None) and the only target device is ``cpu``:
 
 * ``optim_states``: every tensor of the optimizer state;
@@ -20,12 +20,31 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from enum import Enum
 from typing import Any
 
 import torch
 
-from zerorun.compat.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 from zerorun.engine.errors import EngineError
+
+
+class OffloadDeviceEnum(str, Enum):
+    """Valid offload devices (DeepSpeed's values)."""
+
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+
+class OffloadStateTypeEnum(str, Enum):
+    """The state ``offload_states`` can move (DeepSpeed's values)."""
+
+    optim_states = "optim_states"
+    hp_params = "hp_params"
+    lp_params = "lp_params"
+    lp_grads = "lp_grads"
+    contiguous_grad_buffer = "contiguous_grad_buffer"
+
 
 S = OffloadStateTypeEnum
 

@@ -236,7 +236,7 @@ def gathered_frozen(parts: Any, modifier_rank: int | None = None) -> contextlib.
 
     The checkpoint writes and reads frozen parameters with the buffers, as whole tensors.
     """
-    from zerorun.zero import GatheredParameters
+    from zerorun.engine.gathered import GatheredParameters
 
     return GatheredParameters([p for b in getattr(parts, "frozen", ()) for p in b.params], modifier_rank)
 

@@ -1,6 +1,6 @@
 """Checkpoint save/load time and size against ``torch.save`` of the full state (toy MLP, one process).
 
-    python -m zerorun.engine.checkpoint.bench [--hidden 512 --layers 8 --stage 2]
+    python bench/checkpoint.py [--hidden 512 --layers 8 --stage 2]
 
 The baseline writes ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``
 with one ``torch.save`` (no fsync, no rename) and reads it back with ``torch.load``.
@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from zerorun.engine.offload.bench import toy
+from offload import toy  # bench/offload.py, beside this file
 
 
 def _size(path: Path) -> int:

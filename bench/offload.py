@@ -1,7 +1,7 @@
 """Measure optimizer offload on the toy MLP: step time and peak process memory per placement.
 
-    python -m zerorun.engine.offload.bench                 # none / cpu / nvme, one fresh process each
-    python -m zerorun.engine.offload.bench --kernels       # CPU AdamW: for-loop vs foreach vs fused
+    python bench/offload.py                 # none / cpu / nvme, one fresh process each
+    python bench/offload.py --kernels       # CPU AdamW: for-loop vs foreach vs fused
 
 Each placement runs in its own process (world size 1, fp32, ZeRO stage 2) so that the
 peak resident set size (``ru_maxrss``) is that placement's alone.
@@ -91,7 +91,7 @@ def main() -> None:
             print(f"AdamW {row['kernel']:8s} {row['numel']:,} fp32 elements: {row['step_ms']:.1f} ms/step")
         return
     for placement in ("none", "cpu", "nvme"):
-        done = subprocess.run([sys.executable, "-m", "zerorun.engine.offload.bench", "--one", placement,
+        done = subprocess.run([sys.executable, __file__, "--one", placement,
                                "--hidden", str(args.hidden), "--layers", str(args.layers), "--steps", str(args.steps)],
                               capture_output=True, text=True, check=True)
         row = json.loads(done.stdout.strip().splitlines()[-1])

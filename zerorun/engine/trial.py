@@ -27,14 +27,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.autotune.protocol import (
+from zerorun.engine.buckets import MAX_BUCKET_NUMEL
+from zerorun.trial.protocol import (
     TrialRecorder,
     TrialSpec,
     apply_overrides,
     memory_cap,
     read_trial_overrides,
 )
-from zerorun.engine.buckets import MAX_BUCKET_NUMEL
 
 
 def trial_config(source: str | Path | dict[str, Any]) -> str | Path | dict[str, Any]:

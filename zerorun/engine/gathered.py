@@ -1,0 +1,188 @@
+"""``zero.Init`` and ``zero.GatheredParameters`` (public as :mod:`zerorun.zero`), on the stage-3 buckets.
+
+``Init``: modules constructed inside the context have their own parameters sharded right
+after their constructor returns (the outermost ``__init__`` of each object), so the whole
+model never exists on one rank; each module's values are broadcast from rank 0 first, so
+they equal an unsharded build with the same seed. Each module's parameters are moved to
+the engine's device (``ctx.device``) before they are packed, broadcast and sharded, so
+the shards (and every later gather) live there and ``model.to(device)`` afterwards
+changes nothing. ``initialize`` (stage 3) turns these
+shards into the engine's buckets unit by unit. With a config whose stage is not 3, or
+``enabled=False``, the model is built normally (one script serves every stage).
+
+``GatheredParameters``: all-gathers the given stage-3 parameters on every rank for the
+body of the ``with``; with ``modifier_rank=r``, rank r's edits are broadcast and every
+rank keeps its chunk (the fp32 master too) on exit. Parameters that are not partitioned
+(stages 0-2, persistent ones) are left alone, as in DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerorun.engine.param_state import ParamState
+from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
+
+_DEPTH = "_zr_init_depth"
+
+
+def _subclasses(cls: type) -> list[type]:
+    out, stack = [], [cls]
+    while stack:
+        c = stack.pop()
+        out.append(c)
+        stack.extend(c.__subclasses__())
+    return out
+
+
+def _stage_of(config: Any, world_size: int) -> int | None:
+    if config is None:
+        return None
+    from zerorun.config import load_config
+
+    return int(load_config(config, world_size=world_size).zero_optimization.stage)
+
+
+class Init:
+    """``with zero.Init(config=cfg): model = Big()`` - build a stage-3 model already sharded."""
+
+    def __init__(self, module: nn.Module | None = None, config: Any = None, enabled: bool = True,
+                 config_dict_or_path: Any = None, **kwargs: Any) -> None:
+        self.config = config if config is not None else config_dict_or_path
+        self.enabled = enabled
+        self.coll: Any = None
+        self.device: torch.device | None = None
+        self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
+        self._patched: list[tuple[type, Any]] = []
+        self._had_init_subclass = False
+        if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
+            with self:
+                for m in module.modules():
+                    self._shard_module(m)
+
+    def __enter__(self) -> Init:
+        if not self.enabled:
+            return self
+        from zerorun.engine.bootstrap import init_distributed
+        from zerorun.engine.collectives import Collectives
+
+        ctx = init_distributed()
+        stage = _stage_of(self.config, ctx.world_size)
+        if stage is not None and stage != 3:
+            self.enabled = False
+            return self
+        self.coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+        self.device = ctx.device  # buckets are built and broadcast where the engine computes
+        for cls in _subclasses(nn.Module):
+            if "__init__" in cls.__dict__:
+                self._wrap(cls)
+        init = self
+
+        def init_subclass(cls: type, **kw: Any) -> None:
+            super(nn.Module, cls).__init_subclass__(**kw)
+            if "__init__" in cls.__dict__:
+                init._wrap(cls)
+
+        self._had_init_subclass = "__init_subclass__" in nn.Module.__dict__
+        nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for cls, orig in reversed(self._patched):
+            cls.__init__ = orig  # type: ignore[misc]
+        self._patched.clear()
+        if self.enabled and not self._had_init_subclass and "__init_subclass__" in nn.Module.__dict__:
+            del nn.Module.__init_subclass__
+
+    def _wrap(self, cls: type) -> None:
+        orig = cls.__dict__["__init__"]
+        init = self
+
+        @functools.wraps(orig)
+        def wrapped(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+            depth = module.__dict__.get(_DEPTH, 0)
+            module.__dict__[_DEPTH] = depth + 1
+            init._building.append([])
+            try:
+                orig(module, *args, **kwargs)
+            finally:
+                module.__dict__[_DEPTH] = depth
+                touched = init._building.pop()
+            init._reshard(touched)
+            if depth == 0:
+                del module.__dict__[_DEPTH]
+                init._shard_module(module)
+
+        cls.__init__ = wrapped  # type: ignore[misc]
+        self._patched.append((cls, orig))
+
+    def _shard_module(self, module: nn.Module) -> None:
+        params = [p for p in module.__dict__.get("_parameters", {}).values()
+                  if p is not None and bucket_of(p) is None]
+        if not params:
+            return
+        b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
+        b.provisional = True
+        b.toucher = self._touch
+        with torch.no_grad():
+            self.coll.broadcast(b.data, src=0)
+        b.seal()
+        b.release()
+
+    def _touch(self, bucket: PartitionedBucket) -> bool:
+        """A constructor uses a child's sharded parameter (``nn.MultiheadAttention`` initialises
+        ``out_proj.bias``): gather it until that constructor returns. Outside constructors: False."""
+        if not self._building:
+            return False
+        bucket.gather()
+        self._building[-1].append(bucket)
+        return True
+
+    def _reshard(self, touched: list[PartitionedBucket]) -> None:
+        """Rank 0's values of what a constructor touched (it may have written them) become every rank's shards."""
+        for b in {id(b): b for b in touched}.values():
+            if b.state is ParamState.GATHERED:
+                with torch.no_grad():
+                    b.scatter_from(0)
+                b.release()
+
+
+def _as_list(params: Any) -> list[torch.Tensor]:
+    if params is None:
+        return []
+    if torch.is_tensor(params):
+        return [params]
+    return list(params) if isinstance(params, Iterable) else [params]
+
+
+@contextlib.contextmanager
+def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802
+                       enabled: bool = True) -> Iterator[None]:
+    """Gather partitioned ``params`` on every rank; with ``modifier_rank``, that rank's edits land everywhere."""
+    buckets: dict[int, PartitionedBucket] = {}
+    for p in _as_list(params):
+        b = bucket_of(p)
+        if b is not None and not b.persistent:
+            buckets[id(b)] = b
+    if not enabled or not buckets:
+        yield
+        return
+    to_release = [b for b in buckets.values() if b.state is not ParamState.GATHERED]
+    for b in buckets.values():
+        b.gather()
+    try:
+        yield
+    finally:
+        if modifier_rank is not None:
+            with torch.no_grad():
+                for b in buckets.values():
+                    b.scatter_from(modifier_rank)
+        for b in to_release:  # what autograd may still read stays with the engine's coordinator
+            if b.holder is None or not b.holder(b):
+                b.release()
