@@ -65,3 +65,27 @@ def test_the_walk_sees_lazy_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from zerorun.compat import surface\n    import zerorun.cli\n")
     assert {"zerorun.compat", "zerorun.compat.surface", "zerorun.cli"} <= imports_of(source)
+
+
+def _names_a_stage(node: ast.expr) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name in ("stage", "zero_stage", "zero_optimization_stage")
+
+
+def stage_comparisons(path: Path) -> list[int]:
+    """Lines of ``path`` that compare a stage number (``stage == 3``, ``engine.zero_stage < 2``, ``stage in (1, 2)``)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Compare) and any(map(_names_a_stage, [node.left, *node.comparators])))
+
+
+def test_a_stage_number_is_compared_only_in_the_policy() -> None:
+    """The engine asks the policy's questions (shard_optimizer, shard_gradients, shard_parameters)."""
+    found = {str(p.relative_to(PACKAGE)): lines for p in _sources("engine")
+             if p.name != "policy.py" and (lines := stage_comparisons(p))}
+    assert not found, f"stage numbers compared outside engine/policy.py: {found}"
+
+
+def test_the_stage_check_sees_comparisons(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("if engine.zero_stage == 3:\n    pass\nx = 2 <= stage\ny = cfg.stage in (1, 2)\nz = stage\n")
+    assert stage_comparisons(source) == [1, 3, 4]

@@ -26,7 +26,7 @@ from torch import nn
 from zerorun.engine import ds_param_attrs
 from zerorun.engine import precision as precision_mod
 from zerorun.engine.bootstrap import DistContext, init_distributed
-from zerorun.engine.build import build_parts
+from zerorun.engine.build import Parts, build_parts
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
@@ -37,9 +37,8 @@ from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.parameter_offload import ParameterOffload
+from zerorun.engine.policy import policy_for_stage
 from zerorun.engine.schedulers import build_scheduler
-from zerorun.engine.stage3 import build_stage3_parts
-from zerorun.engine.stages import policy_for_stage
 from zerorun.engine.trial import trial_config
 
 CONFIG_ENV = "ZERORUN_CONFIG"
@@ -181,7 +180,7 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
-    if not stage.shard_parameters:  # stage 3 shards first and moves unit by unit (stage3.plan_stage3)
+    if not stage.shard_parameters:  # sharded parameters move unit by unit (units.plan_units)
         model.to(ctx.device)
     coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
     if optimizer is None and cfg.optimizer is None:  # a reference/teacher/eval model: forward passes only
@@ -194,22 +193,19 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
                           overlap_comm=bool(zero.overlap_comm))
     offload = offload_from_config(zero)
     param_offload = param_policy(zero)  # offload_param: stage 3 only
-    if stage.shard_parameters:
-        parts = build_stage3_parts(model, opt, ctx, coll, precision, zero, reduce, offload, param_offload)
-    else:
-        parts = build_parts(model, opt, ctx, coll, stage, precision, int(zero.reduce_bucket_size), reduce, offload)
+    parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload)
     _deepspeed_attributes(model, opt, parts)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     return engine, opt, _attach_loader(engine, training_data, collate_fn), scheduler
 
 
-def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Any) -> None:
+def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
-    if getattr(parts, "coordinator", None) is not None:  # stage 3: TRL's generation helper takes the hooks off
+    if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
         ds_param_attrs.sync_all([*parts.buckets, *parts.frozen])
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
 
@@ -232,6 +228,6 @@ def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module,
                           "drop the scheduler (and the config's `scheduler` block) for a forward-only model, "
                           "or pass an optimizer / add an `optimizer` block to train it")
     parts = build_inference_parts(model, coll, stage, precision, cfg.zero_optimization, ctx.device)
-    ds_param_attrs.sync_all(getattr(parts, "frozen", []))
+    ds_param_attrs.sync_all(parts.frozen)
     engine = InferenceEngine(model, None, cfg, ctx, coll, stage, precision, parts)
     return engine, None, _attach_loader(engine, training_data, collate_fn), None

@@ -1,36 +1,69 @@
 """Assemble an engine's parts from the model, the optimizer, the config and the process group.
 
-The order matters and is the whole recipe: pack trainable parameters into buckets
-(per optimizer group) -> make every rank start from rank 0's weights -> take fp32
-masters of the owned chunks -> cast the compute copies -> point the optimizer at the
-masters -> pick the gradient-sync strategy -> register gradient hooks.
+One recipe for every stage; the policy answers its questions:
+
+1. **layout**: pack the trainable parameters into buckets per optimizer group - in layout
+   order up to ``reduce_bucket_size`` (parameters replicated), or one bucket per module unit,
+   sharded at rest, with the parameters the optimizer does not step in frozen buckets
+   (parameters sharded: :mod:`zerorun.engine.units`);
+2. every rank starts from rank 0's weights (the unit layout broadcasts unit by unit);
+3. **masters**: fp32 copies of the owned chunks (taken before the cast to the compute
+   dtype), offloaded when the config says so; the optimizer is pointed at them;
+4. **gradients**: the reducer the policy picks, fed by a post-accumulate hook per parameter;
+5. **gather schedule** (parameters sharded): the coordinator's module hooks gather each
+   unit before its forward and backward and release it after.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
+from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
+from zerorun.engine.offload.params import ParamOffload
+from zerorun.engine.partition import PartitionedBucket
+from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.shard import MasterShards
-from zerorun.engine.stages import StagePolicy
+from zerorun.engine.shard import MasterShards, PartitionedMasters
+from zerorun.engine.stage3_grads import COALESCE_LIMIT
+from zerorun.engine.units import plan_units
 
 
 @dataclass
 class Parts:
-    buckets: list[FlatBucket]
-    masters: MasterShards
+    """What the engine sequences. With parameters replicated, ``frozen`` and ``units`` are empty and
+    ``coordinator`` is None."""
+
+    buckets: list[Any]  # FlatBucket, or PartitionedBucket when parameters are sharded: stepped by the optimizer
+    masters: Any  # MasterShards, or an offload wrapper with its interface
     grad_sync: GradSyncBase
-    hooks: list[Any]
+    hooks: list[RemovableHandle]
+    frozen: list[PartitionedBucket] = field(default_factory=list)  # sharded parameters the optimizer does not step
+    coordinator: GatherCoordinator | None = None  # gathers and releases sharded parameters unit by unit
+    units: list[Unit] = field(default_factory=list)
+    param_offload: ParamOffload | None = None  # offload_param: the resting shards in host memory / swap files
+
+
+@dataclass
+class Layout:
+    buckets: list[Any]
+    group_of_bucket: list[int]
+    frozen: list[PartitionedBucket] = field(default_factory=list)
+    units: list[Unit] = field(default_factory=list)
+    modules: list[nn.Module] = field(default_factory=list)
+
+    def largest(self) -> int:
+        return max((b.plan.padded_numel for b in [*self.buckets, *self.frozen]), default=1)
 
 
 def optimizer_groups(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[nn.Parameter]]:
@@ -66,37 +99,85 @@ def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
             p.data = p.data.to(dtype)
 
 
-def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
-                stage: StagePolicy, precision: PrecisionPolicy, bucket_size: int,
-                reduce: ReducePolicy, offload: OffloadPolicy | None = None) -> Parts:
-    groups = optimizer_groups(module, optimizer)
-    buckets: list[FlatBucket] = []
-    group_of_bucket: list[int] = []
+def _flat_layout(groups: list[list[nn.Parameter]], ctx: DistContext, coll: Collectives,
+                 bucket_size: int) -> Layout:
+    layout = Layout([], [])
+    size = layout_numel(bucket_size, coll.native_reduce_scatter)
     for gi, params in enumerate(groups):
-        size = layout_numel(bucket_size, coll.native_reduce_scatter)
         for plan in plan_buckets([p.shape for p in params], size, ctx.world_size, gi, align=ALIGN_ELEMENTS):
-            buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
-            group_of_bucket.append(gi)
-    coll.open_shared_lane(max(b.plan.padded_numel for b in buckets))  # same-host gloo ranks: shared memory
+            layout.buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
+            layout.group_of_bucket.append(gi)
+    return layout
+
+
+def _flat_masters(module: nn.Module, layout: Layout, policy: StagePolicy, precision: PrecisionPolicy,
+                  coll: Collectives, offload: OffloadPolicy | None, optimizer: torch.optim.Optimizer) -> Any:
+    """Masters of replicated buckets (from rank 0's fp32 weights), then every parameter in the compute dtype."""
     with torch.no_grad():
-        for b in buckets:
+        for b in layout.buckets:
             coll.broadcast(b.data, src=0)
     offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
-    masters = wrap_masters(MasterShards(buckets, sharded=stage.shard_optimizer,
+    masters = wrap_masters(MasterShards(layout.buckets, sharded=policy.shard_optimizer,
                                         alias=precision.master_is_alias and not offloaded,
                                         overlap_gather=coll.device.type == "cuda"), offload, optimizer)
-    for b in buckets:
+    for b in layout.buckets:
         b.cast_(precision.compute_dtype)
     masters.rebind()
     cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
-    masters.bind_optimizer(optimizer, group_of_bucket)
-    # stage 2 stages at most what DeepSpeed's bucket(s) would hold: reduce_bucket_size elements, twice with
-    # overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions
-    staging = bucket_size * (2 if reduce.overlap_comm else 1)
-    grad_sync = stage.grad_sync(buckets, coll, replace(reduce, staging_numel=staging))
-    hooks = []
-    for bi, b in enumerate(buckets):
-        for si, p in enumerate(b.params):
-            hooks.append(p.register_post_accumulate_grad_hook(
-                lambda param, bi=bi, si=si: grad_sync.on_grad_ready(bi, si, param)))
-    return Parts(buckets, masters, grad_sync, hooks)
+    return masters
+
+
+def _unit_masters(layout: Layout, coordinator: GatherCoordinator, precision: PrecisionPolicy,
+                  offload: OffloadPolicy | None, param_offload: OffloadPolicy | None,
+                  optimizer: torch.optim.Optimizer) -> tuple[Any, ParamOffload | None]:
+    """Masters over the resting shards (the unit layout already cast them); a resting shard may be offloaded."""
+    offloaded = any(p is not None and p.enabled for p in (offload, param_offload))  # then a separate copy
+    inner = PartitionedMasters(layout.buckets, alias=precision.master_is_alias and not offloaded,
+                               coordinator=coordinator)
+    if param_offload is not None and param_offload.enabled:
+        inner.param_offload = ParamOffload(param_offload, layout.buckets)
+    return wrap_masters(inner, offload, optimizer), inner.param_offload
+
+
+def grad_hooks(buckets: list[Any], grad_sync: GradSyncBase) -> list[RemovableHandle]:
+    """One post-accumulate hook per trainable parameter: its gradient is complete for this backward."""
+    return [p.register_post_accumulate_grad_hook(lambda param, bi=bi, si=si: grad_sync.on_grad_ready(bi, si, param))
+            for bi, b in enumerate(buckets) for si, p in enumerate(b.params)]
+
+
+def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
+                policy: StagePolicy, precision: PrecisionPolicy, zero_cfg: Any, reduce: ReducePolicy,
+                offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None) -> Parts:
+    groups = optimizer_groups(module, optimizer)
+    bucket_size = int(zero_cfg.reduce_bucket_size)
+    if policy.shard_parameters:
+        layout = unit_layout(module, groups, coll, precision, zero_cfg, ctx.device)
+    else:
+        layout = _flat_layout(groups, ctx, coll, bucket_size)
+    coll.open_shared_lane(layout.largest())  # same-host gloo ranks: shared memory, a slot per bucket
+    coordinator = None
+    param_store = None
+    if policy.shard_parameters:
+        coordinator = GatherCoordinator([*layout.buckets, *layout.frozen], layout.units,
+                                        GatherPolicy.from_config(zero_cfg))
+        masters, param_store = _unit_masters(layout, coordinator, precision, offload, param_offload, optimizer)
+        # units under this share reduce-scatters
+        grad_sync = policy.grad_sync(layout.buckets, coll, reduce, coordinator, min(bucket_size, COALESCE_LIMIT))
+    else:
+        masters = _flat_masters(module, layout, policy, precision, coll, offload, optimizer)
+        # the staging holds at most what DeepSpeed's bucket(s) would: reduce_bucket_size elements, twice
+        # with overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions
+        staging = bucket_size * (2 if reduce.overlap_comm else 1)
+        grad_sync = policy.grad_sync(layout.buckets, coll, replace(reduce, staging_numel=staging))
+    masters.bind_optimizer(optimizer, layout.group_of_bucket)
+    hooks = grad_hooks(layout.buckets, grad_sync)
+    if coordinator is not None:
+        coordinator.attach(module, layout.modules)
+    return Parts(layout.buckets, masters, grad_sync, hooks, layout.frozen, coordinator, layout.units, param_store)
+
+
+def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives, precision: PrecisionPolicy,
+                zero_cfg: Any, device: torch.device) -> Layout:
+    """Stage 3's buckets, unit by unit (:func:`zerorun.engine.units.plan_units`)."""
+    plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
+    return Layout(plan.buckets, plan.group_of_bucket, plan.frozen, plan.units, plan.modules)

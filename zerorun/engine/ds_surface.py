@@ -174,7 +174,7 @@ class DeepSpeedSurface:
     def empty_partition_cache(self) -> None:
         """Release the gathered stage-3 parameters that are not persistent (DeepSpeed's use: before
         generation or evaluation frees memory); other stages hold no partition cache."""
-        coordinator = getattr(self.parts, "coordinator", None)
+        coordinator = self.parts.coordinator
         if coordinator is not None:
             coordinator.release_all()  # persistent buckets stay, as the step's refresh expects
 
@@ -232,7 +232,7 @@ class DeepSpeedSurface:
         for handle in self.parts.hooks:
             handle.remove()
         self.parts.hooks.clear()
-        coordinator = getattr(self.parts, "coordinator", None)
+        coordinator = self.parts.coordinator
         for handle in getattr(coordinator, "handles", []):
             handle.remove()
 

@@ -31,9 +31,9 @@ from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
 from zerorun.engine.grad_sync import route_zero_grad
 from zerorun.engine.hf_surface import HfSurface
+from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.shard import optimizer_state_bytes
-from zerorun.engine.stages import StagePolicy
 from zerorun.engine.trial import recorder_for
 
 
@@ -221,7 +221,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         parts = self.parts
         grads, buffers = parts.grad_sync.held_bytes()
         # stage 3 also shards the parameters the optimizer does not step (frozen buckets)
-        params = sum(b.held_bytes() for b in [*parts.buckets, *getattr(parts, "frozen", ())])
+        params = sum(b.held_bytes() for b in [*parts.buckets, *parts.frozen])
         return {**figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
                                            optimizer_state_bytes(self.optimizer), buffers),
                 **physical_memory.physical_figures(self.device)}

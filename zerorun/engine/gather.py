@@ -43,6 +43,7 @@ in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,6 +65,13 @@ class GatherPolicy:
     prefetch_numel: int  # stage3_prefetch_bucket_size: elements in flight ahead of use (0: no prefetch)
     max_live: int  # stage3_max_live_parameters: cap on gathered elements when prefetching or keeping
     max_reuse: int  # stage3_max_reuse_distance: keep a bucket needed again within this many elements
+
+    @classmethod
+    def from_config(cls, zero_cfg: Any) -> GatherPolicy:
+        """From the ``zero_optimization`` block."""
+        return cls(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
+                   max_live=int(zero_cfg.stage3_max_live_parameters),
+                   max_reuse=int(zero_cfg.stage3_max_reuse_distance))
 
 
 @dataclass

@@ -41,12 +41,14 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def _stage_of(config: Any, world_size: int) -> int | None:
+def _shards_parameters(config: Any, world_size: int) -> bool:
+    """Whether ``config``'s stage shards parameters (no config: ``Init`` is asked to shard, so it does)."""
     if config is None:
-        return None
+        return True
     from zerorun.config import load_config
+    from zerorun.engine.policy import policy_for_stage
 
-    return int(load_config(config, world_size=world_size).zero_optimization.stage)
+    return policy_for_stage(int(load_config(config, world_size=world_size).zero_optimization.stage)).shard_parameters
 
 
 class Init:
@@ -73,8 +75,7 @@ class Init:
         from zerorun.engine.collectives import Collectives
 
         ctx = init_distributed()
-        stage = _stage_of(self.config, ctx.world_size)
-        if stage is not None and stage != 3:
+        if not _shards_parameters(self.config, ctx.world_size):
             self.enabled = False
             return self
         self.coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
@@ -186,3 +187,13 @@ def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module
         for b in to_release:  # what autograd may still read stays with the engine's coordinator
             if b.holder is None or not b.holder(b):
                 b.release()
+
+
+def gathered_frozen(frozen: list[PartitionedBucket],
+                    modifier_rank: int | None = None) -> contextlib.AbstractContextManager[None]:
+    """Gather the sharded parameters the optimizer does not step, on every rank, for a ``with``.
+
+    The checkpoint writes and reads frozen parameters with the buffers, as whole tensors;
+    with no frozen buckets (parameters not sharded) it does nothing.
+    """
+    return GatheredParameters([p for b in frozen for p in b.params], modifier_rank)

@@ -17,14 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.engine.build import Parts
+from zerorun.engine.build import Parts, unit_layout
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy
+from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.stage3 import Stage3Parts, plan_stage3
-from zerorun.engine.stages import StagePolicy
 
 _HINT = ("pass optimizer= to initialize() or add an `optimizer` block to the config to train this model; "
          "an engine built without one runs forward passes only")
@@ -65,16 +64,12 @@ def build_inference_parts(module: nn.Module, coll: Collectives, stage: StagePoli
                 coll.broadcast(t.data, src=0)
         module.to(precision.compute_dtype)
         return Parts([], _NoMasters(), _NoGradients(), [])  # type: ignore[arg-type]
-    plan = plan_stage3(module, [], coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
-    coll.open_shared_lane(max((b.plan.padded_numel for b in plan.frozen), default=1))
+    layout = unit_layout(module, [], coll, precision, zero_cfg, device)
+    coll.open_shared_lane(layout.largest())
     module.to(precision.compute_dtype)
-    policy = GatherPolicy(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
-                          max_live=int(zero_cfg.stage3_max_live_parameters),
-                          max_reuse=int(zero_cfg.stage3_max_reuse_distance))
-    coordinator = GatherCoordinator(plan.frozen, plan.units, policy)
-    coordinator.attach(module, plan.modules)
-    return Stage3Parts([], _NoMasters(), _NoGradients(), [], coordinator, plan.units,  # type: ignore[arg-type]
-                       None, plan.frozen)
+    coordinator = GatherCoordinator(layout.frozen, layout.units, GatherPolicy.from_config(zero_cfg))
+    coordinator.attach(module, layout.modules)
+    return Parts([], _NoMasters(), _NoGradients(), [], layout.frozen, coordinator, layout.units)  # type: ignore[arg-type]
 
 
 class InferenceEngine(Engine):
@@ -86,7 +81,7 @@ class InferenceEngine(Engine):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = super().forward(*args, **kwargs)
-        coordinator = getattr(self.parts, "coordinator", None)
+        coordinator = self.parts.coordinator
         if coordinator is not None and torch._C._current_graph_task_id() == -1:
             coordinator.end_pass()  # no backward follows: release what is gathered, record the first order
         return out
@@ -107,13 +102,13 @@ class InferenceEngine(Engine):
 
     def num_parameters(self) -> int:
         """Parameters managed by the engine (without padding); none is trained."""
-        return sum(b.plan.numel for b in getattr(self.parts, "frozen", ()))
+        return sum(b.plan.numel for b in self.parts.frozen)
 
     def memory_breakdown(self) -> dict[str, int]:
         """As :meth:`Engine.memory_breakdown`; gradients, masters and optimizer state are always 0."""
         from zerorun.engine import figures
 
-        params = sum(b.held_bytes() for b in getattr(self.parts, "frozen", ()))
+        params = sum(b.held_bytes() for b in self.parts.frozen)
         if not self.stage.shard_parameters:  # the whole model, in no bucket
             params = sum(t.numel() * t.element_size() for t in {id(p): p for p in self.module.parameters()}.values())
         return figures.memory_breakdown(params, 0, 0, 0, 0)

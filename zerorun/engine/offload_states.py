@@ -106,7 +106,7 @@ class StateMover:
             return home
         first = parts.buckets[0]
         home = (first.local if getattr(first, "local", None) is not None else first.data).device
-        for b in [*parts.buckets, *getattr(parts, "frozen", ())]:
+        for b in [*parts.buckets, *parts.frozen]:
             self._move_bucket(b, device, pin, nb)
         if masters.alias:
             masters.rebind()

@@ -49,7 +49,7 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
 def consolidated_state_dict(engine: Any, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
     """The full state dict in the compute dtype, on CPU, on every rank (a collective at stage 3)."""
     zero = engine.config.zero_optimization
-    if engine.zero_stage == 3:
+    if engine.stage.shard_parameters:
         if not zero.stage3_gather_16bit_weights_on_model_save:
             raise EngineError("saving the 16-bit model at stage 3 needs the parameters gathered, which the config "
                               "does not allow",

@@ -8,7 +8,8 @@ With fp32 compute the master *is* the owned chunk of the parameter buffer (an al
 extra bytes, nothing to copy back); with fp16/bf16 it is a separate fp32 copy taken from
 the fp32 parameters before they are cast, and the step ends by casting it back into the
 compute buffer. When sharded, an all-gather per bucket then hands every rank the
-updated parameters.
+updated parameters. With sharded parameters (:class:`PartitionedMasters`) the master is
+over each bucket's resting shard and the step writes the shard; the next forward gathers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from torch import nn
 
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.collectives import Collectives
+from zerorun.engine.gather import GatherCoordinator
+from zerorun.engine.offload.params import ParamOffload
+from zerorun.engine.partition import PartitionedBucket
 
 
 class MasterShards:
@@ -156,3 +160,28 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             if torch.is_tensor(v):
                 total += v.numel() * v.element_size()
     return total
+
+
+class PartitionedMasters(MasterShards):
+    """Masters over each bucket's ``local`` chunk (the fp32 shard itself with fp32 compute)."""
+
+    def __init__(self, buckets: list[PartitionedBucket], alias: bool, coordinator: GatherCoordinator) -> None:
+        super().__init__(buckets, sharded=True, alias=alias)  # type: ignore[arg-type]
+        self.coordinator = coordinator
+        self.param_offload: ParamOffload | None = None
+        for b, m in zip(buckets, self.masters, strict=True):
+            b.master = None if alias else m.data
+
+    def owned(self, bucket: PartitionedBucket, flat: torch.Tensor) -> torch.Tensor:
+        return bucket.master if bucket.master is not None else bucket.local
+
+    # step() is MasterShards' whole step; no all-gather follows it here (the next forward gathers)
+    def publish(self, coll: Collectives) -> None:
+        """Write the stepped masters into the shards; gathered buckets re-gather or are released."""
+        if not self.alias:
+            with torch.no_grad():
+                for b, m in zip(self.buckets, self.masters, strict=True):
+                    b.set_local(m)
+        if self.param_offload is not None:
+            self.param_offload.flush()  # nvme: the new shards are on disk before anything reads them
+        self.coordinator.after_step()

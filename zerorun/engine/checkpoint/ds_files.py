@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.engine.policy import policy_for_stage
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 _OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -107,7 +108,7 @@ def optim_files(tag_dir: Path) -> list[Path]:
 
 def model_files(tag_dir: Path, stage: int) -> list[Path]:
     """The model-states files: one (``mp_rank_00_model_states.pt``) at stages 1-2, one per rank at stage 3."""
-    if stage == 3:
+    if policy_for_stage(stage).shard_parameters:
         return _ranked(tag_dir, _MODEL3, "model-states (zero_pp_rank_R_mp_rank_00_model_states.pt)")
     file = tag_dir / MODEL_FILE
     if not file.is_file():

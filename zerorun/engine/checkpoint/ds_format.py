@@ -25,6 +25,7 @@ import torch
 
 from zerorun.engine.checkpoint import ds_files
 from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.engine.policy import policy_for_stage
 
 # Keys of the model-states file that are DeepSpeed's own; DeepSpeed's load_checkpoint returns the others
 # as the client state
@@ -89,9 +90,9 @@ def _stage3_all(flats: list[torch.Tensor], shapes: dict[str, tuple[int, ...]]) -
     return out
 
 
-def _group_states(sd: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _group_states(sd: dict[str, Any], params_sharded: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per flat group: the torch optimizer's state, and its param_groups (hyper-parameters)."""
-    base = sd.get("base_optimizer_state" if stage < 3 else "optimizer_state_dict")
+    base = sd.get("optimizer_state_dict" if params_sharded else "base_optimizer_state")
     if isinstance(base, list):  # elastic_checkpoint: per group, the state of the rank's slice, padding cut off
         step = sd.get("base_optimizer_state_step")
         return [{**({"step": step} if step is not None else {}), **s} for s in base], []
@@ -104,10 +105,10 @@ def _group_states(sd: dict[str, Any], stage: int) -> tuple[list[dict[str, Any]],
     return states, hyper
 
 
-def _split(stage: int, per_rank: list[list[torch.Tensor]], groups: list[dict[str, tuple[int, ...]]],
+def _split(params_sharded: bool, per_rank: list[list[torch.Tensor]], groups: list[dict[str, tuple[int, ...]]],
            paddings: list[list[int]] | None) -> dict[str, torch.Tensor]:
     """``per_rank[r][g]``: rank r's flat slice of group g -> full tensor per parameter."""
-    if stage == 3:
+    if params_sharded:
         merged = {k: v for g in groups for k, v in g.items()}
         return _stage3_all([torch.cat([t.reshape(-1) for t in groups_r]) for groups_r in per_rank], merged)
     out: dict[str, torch.Tensor] = {}
@@ -116,28 +117,28 @@ def _split(stage: int, per_rank: list[list[torch.Tensor]], groups: list[dict[str
     return out
 
 
-def _moments(stage: int, states: list[list[dict[str, Any]]], groups: list[dict[str, tuple[int, ...]]],
+def _moments(params_sharded: bool, states: list[list[dict[str, Any]]], groups: list[dict[str, tuple[int, ...]]],
              paddings: list[list[int]] | None) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
     """``states[r][g]``: rank r's optimizer state of flat group g -> per-parameter tensors and the scalars."""
     keys = [k for k, v in states[0][0].items() if torch.is_tensor(v) and v.dim() == 1] if states[0] else []
     scalars = {k: v for k, v in (states[0][0] if states[0] else {}).items() if k not in keys}
     moments: dict[str, dict[str, torch.Tensor]] = {}
     for key in keys:
-        full = _split(stage, [[s[key] for s in rank] for rank in states], groups, paddings)
+        full = _split(params_sharded, [[s[key] for s in rank] for rank in states], groups, paddings)
         for name, t in full.items():
             moments.setdefault(name, {})[key] = t
     return moments, scalars
 
 
-def _frozen(model_states: list[dict[str, Any]], stage: int) -> dict[str, torch.Tensor]:
+def _frozen(model_states: list[dict[str, Any]], params_sharded: bool) -> dict[str, torch.Tensor]:
     """Frozen (not optimized) parameters: whole at stages 1-2, one fragment per rank at stage 3."""
     shapes = model_states[0].get("frozen_param_shapes") or {}
     out: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         frags = [ms["frozen_param_fragments"][name].reshape(-1) for ms in model_states]
-        flat = torch.cat(frags) if stage == 3 else frags[0]
+        flat = torch.cat(frags) if params_sharded else frags[0]
         out[name] = flat[:_numel(tuple(shape))].view(tuple(shape)).clone()
-    if stage < 3 and not shapes:  # stage 1 saves no fragments: the module state dict holds them
+    if not params_sharded and not shapes:  # stage 1 saves no fragments: the module state dict holds them
         optimized = {n for g in model_states[0]["param_shapes"] for n in g}
         buffers = set(model_states[0].get("buffer_names", []))
         shared = set(model_states[0].get("shared_params", {}))
@@ -150,6 +151,7 @@ def read(tag_dir: Path) -> DeepSpeedState:
     """Every tensor of the DeepSpeed tag directory ``tag_dir``, as full per-parameter tensors."""
     optims = [ds_files.load(f)["optimizer_state_dict"] for f in ds_files.optim_files(tag_dir)]
     stage = int(optims[0]["zero_stage"])
+    params_sharded = policy_for_stage(stage).shard_parameters  # DeepSpeed's stage-3 layout
     world = optims[0]["partition_count"]
     world = max(world) if isinstance(world, list) else int(world)
     if world != len(optims):
@@ -161,13 +163,13 @@ def read(tag_dir: Path) -> DeepSpeedState:
     model_states = [ds_files.load(f) for f in ds_files.model_files(tag_dir, stage)]
     rank0 = model_states[0]
     groups = [{n: tuple(s) for n, s in g.items()} for g in rank0["param_shapes"]]
-    key = "single_partition_of_fp32_groups" if stage < 3 else "fp32_flat_groups"
+    key = "fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"
     paddings = optims[0].get("param_alignment_paddings")
-    masters = _split(stage, [o[key] for o in optims], groups, paddings)
-    per_rank = [_group_states(o, stage) for o in optims]
-    moments, scalars = _moments(stage, [states for states, _ in per_rank], groups, paddings)
+    masters = _split(params_sharded, [o[key] for o in optims], groups, paddings)
+    per_rank = [_group_states(o, params_sharded) for o in optims]
+    moments, scalars = _moments(params_sharded, [states for states, _ in per_rank], groups, paddings)
     buffers = {k: v for k, v in rank0["module"].items() if k in set(rank0.get("buffer_names", []))}
     return DeepSpeedState(stage=stage, world_size=world, groups=groups, masters=masters, moments=moments,
-                          scalars=scalars, hyper=per_rank[0][1], extra={**buffers, **_frozen(model_states, stage)},
+                          scalars=scalars, hyper=per_rank[0][1], extra={**buffers, **_frozen(model_states, params_sharded)},
                           aliases=dict(rank0.get("shared_params", {})), model_state=rank0,
                           loss_scaler=dict(getattr(optims[0].get("loss_scaler"), "state", None) or {}))

@@ -52,26 +52,9 @@ def chunk_of(flat: torch.Tensor, padded_numel: int, owned: tuple[int, int], worl
 
 
 def publish_masters(engine: Any) -> None:
-    """Make the compute parameters equal the (just loaded) fp32 masters on every rank."""
-    masters, coll = engine.parts.masters, engine.coll
-    publish = getattr(masters, "publish", None)
-    if publish is not None:
-        publish(coll)
-        return
-    with torch.no_grad():
-        for b, m in zip(engine.parts.buckets, masters.masters, strict=True):
-            local = getattr(b, "local", None)  # stage 3: the persistent shard of a partitioned bucket
-            if local is not None:
-                if local.data_ptr() != m.data_ptr():
-                    local.copy_(m)
-            elif not masters.alias:
-                masters.owned(b, b.data).copy_(m)
-    coordinator = getattr(masters, "coordinator", None)
-    if coordinator is not None:
-        coordinator.after_step()  # stage 3: buckets held gathered are refreshed from the shards
-    elif masters.sharded:
-        for b in engine.parts.buckets:
-            coll.all_gather(b.data)
+    """Make the compute parameters equal the (just loaded) fp32 masters on every rank: the step's own
+    publish (written into the owned chunks and all-gathered, or into the resting shards)."""
+    engine.parts.masters.publish(engine.coll)
 
 
 def extra_state(module: nn.Module, stored: set[str], aliases: dict[str, str]) -> dict[str, torch.Tensor]:

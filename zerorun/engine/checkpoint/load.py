@@ -30,8 +30,8 @@ from zerorun.engine.checkpoint.manifest import (
     layout_differences,
     rank_file,
 )
+from zerorun.engine.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
-from zerorun.engine.stage3 import gathered_frozen
 
 
 def list_tags(root: Path) -> list[str]:
@@ -164,7 +164,7 @@ def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | No
         _fill(engine, copies, files, optimizer_states)
         layout.publish_masters(engine)
     if extra is not None:
-        with gathered_frozen(engine.parts, modifier_rank=0):  # stage 3: every rank keeps its chunk
+        with gathered_frozen(engine.parts.frozen, modifier_rank=0):  # stage 3: every rank keeps its chunk
             engine.module.load_state_dict(extra, strict=False)
     if not load_module_only:
         state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)

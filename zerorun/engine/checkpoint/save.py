@@ -30,8 +30,8 @@ from zerorun import __version__
 from zerorun.engine.checkpoint import atomic, layout, state, zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
+from zerorun.engine.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
-from zerorun.engine.stage3 import gathered_frozen
 
 PAUSE_ENV = "ZERORUN_TEST_CHECKPOINT_PAUSE_S"  # test hook: sleep after this rank's file is durable
 
@@ -147,7 +147,7 @@ def save_checkpoint(engine: Any, save_dir: str | os.PathLike[str], tag: str | No
             write_extra(engine, staging)
 
     agree(engine, _attempt(prepare), f"creating {staging}")
-    with gathered_frozen(engine.parts):  # stage 3: frozen parameters are shards; extra.pt holds them whole
+    with gathered_frozen(engine.parts.frozen):  # stage 3: frozen parameters are shards; extra.pt holds them whole
         error = _attempt(write)
     if os.environ.get(PAUSE_ENV):
         time.sleep(float(os.environ[PAUSE_ENV]))

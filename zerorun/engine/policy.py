@@ -1,8 +1,8 @@
 """The ZeRO stage as a policy, picked once when the engine is built.
 
-Nothing else in the engine asks which stage it runs: it asks the policy's questions
-(is the optimizer sharded? are gradients?) and uses the gradient-sync strategy the
-policy builds.
+This is the only module where a stage number appears. Everything else asks the policy's
+questions (is the optimizer sharded? the gradients? the parameters?) and uses the
+gradient reducer it picks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
+from zerorun.engine.gather import GatherCoordinator
 from zerorun.engine.grad_sync import BucketGradSync, GradSyncBase, PartitionedGradSync, ReducePolicy
+from zerorun.engine.stage3_grads import Stage3GradSync
 
 
 @dataclass(frozen=True)
@@ -22,9 +24,15 @@ class StagePolicy:
     stage: int
     shard_optimizer: bool  # fp32 master + optimizer state only for the rank's chunk
     shard_gradients: bool  # only the rank's reduced gradient chunk is kept
-    shard_parameters: bool = False  # stage 3: parameters too live as shards (built by engine/stage3.py)
+    shard_parameters: bool = False  # parameters too live as shards, gathered unit by unit around their use
 
-    def grad_sync(self, buckets: list[FlatBucket], coll: Collectives, reduce: ReducePolicy) -> GradSyncBase:
+    def grad_sync(self, buckets: list[FlatBucket], coll: Collectives, reduce: ReducePolicy,
+                  coordinator: GatherCoordinator | None = None, coalesce_numel: int = 0) -> GradSyncBase:
+        """The reducer: all-reduce (or reduce-scatter into the owned chunk) in layout order, or, with sharded
+        parameters, reduce-scatter per unit as its gradients complete (small units coalesced)."""
+        if self.shard_parameters:
+            assert coordinator is not None, "sharded parameters are released by the gather coordinator"
+            return Stage3GradSync(buckets, coll, reduce, coordinator, coalesce_numel)  # type: ignore[arg-type]
         if self.shard_gradients:
             return PartitionedGradSync(buckets, coll, reduce)
         return BucketGradSync(buckets, coll, reduce, scatter=self.shard_optimizer)
