@@ -108,7 +108,7 @@ def strip_dotted(data: dict[str, Any]) -> list[Problem]:
 
     TRL's ``prepare_deepspeed`` writes three such keys for its reference model. DeepSpeed
     reads its config block by block and never looks at them, so they change nothing there;
-    zerorun ignores them too, so one script configures the same run on both (see README).
+    zerorun ignores them too, so one script configures the same run on both (see docs/config.md).
     """
     problems = []
     for key in [k for k in data if isinstance(k, str) and "." in k]:
