@@ -67,7 +67,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
 import zerorun  # noqa: E402
 import zerorun.engine.bootstrap  # noqa: E402
 from bench import gpu_check_device as device_checks  # noqa: E402
-from zerorun.engine.figures import model_state_bytes  # noqa: E402
+from zerorun.engine.metrics import model_state_bytes  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
     ActivationPolicy,
     Buckets,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zerorun
-from zerorun.engine.figures import format_memory
+from zerorun.engine.metrics import format_memory
 
 
 class Block(nn.Module):

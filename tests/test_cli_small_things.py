@@ -16,7 +16,7 @@ from torch import nn
 
 from launcher.report import Failure, format_report
 from zerorun.config import ConfigWarning, load_config
-from zerorun.engine.figures import format_memory
+from zerorun.engine.metrics import format_memory
 from zerorun.estimate import CountError, GiB, parse_gpu_memory
 
 

@@ -146,7 +146,7 @@ def reference(case: Case, world: int) -> tuple[list[float], list[torch.Tensor]]:
 
 
 def _outside_access_fails(model: nn.Module, kind: str) -> bool:
-    from zerorun.engine.sharded_param import ShardedParameterError
+    from zerorun.engine.guard import ShardedParameterError
 
     w = {"gpt": lambda: model.blocks[0].attn.out_proj.weight, "reader": lambda: model.spare.weight,
          "lora": lambda: model.layers[0].base.weight}[kind]()

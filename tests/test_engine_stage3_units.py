@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from zerorun.engine.collectives import Collectives
+from zerorun.engine.guard import ShardedParameterError, ZeroParameter
 from zerorun.engine.param_state import ParamState, ParamStateError, check_transition
 from zerorun.engine.partition import bucket_of, unit_bucket
-from zerorun.engine.sharded_param import ShardedParameterError, ZeroParameter
 
 
 def _bucket():

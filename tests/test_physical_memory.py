@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 import zerorun
-from zerorun.engine.figures import format_memory, model_state_bytes
+from zerorun.engine.metrics import format_memory, model_state_bytes
 from zerorun.engine.physical_memory import HOST_KEYS
 
 MiB = 2**20

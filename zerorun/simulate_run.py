@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.collectives import KINDS
-from zerorun.engine.figures import MEMORY_KEYS
+from zerorun.engine.metrics import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
 from zerorun.simulate_peak import measured, return_freed_memory

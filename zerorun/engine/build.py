@@ -29,12 +29,12 @@ from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.masters import MasterShards, PartitionedMasters
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.partition import PartitionedBucket
 from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.shard import MasterShards, PartitionedMasters
 from zerorun.engine.stage3_grads import COALESCE_LIMIT
 from zerorun.engine.units import plan_units
 

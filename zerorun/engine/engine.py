@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.engine import figures, fragments, loss_scaler, physical_memory
+from zerorun.engine import fragments, loss_scaler, metrics, physical_memory
 from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
 from zerorun.engine.collectives import Collectives
@@ -31,9 +31,9 @@ from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
 from zerorun.engine.grad_sync import route_zero_grad
 from zerorun.engine.hf_surface import HfSurface
+from zerorun.engine.masters import optimizer_state_bytes
 from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.shard import optimizer_state_bytes
 from zerorun.engine.trial import recorder_for
 
 
@@ -72,7 +72,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         """The loader ``initialize(training_data=...)`` built; checkpoints carry its data position."""
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
-        self.throughput = figures.Throughput(samples_per_step=config.train_batch_size)
+        self.throughput = metrics.Throughput(samples_per_step=config.train_batch_size)
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
@@ -145,11 +145,11 @@ class Engine(DeepSpeedSurface, HfSurface):
             return
         loss = float(self._last_loss) if self._last_loss is not None else None
         # global_steps counts optimizer steps from 1 (DeepSpeed's numbering): the first step is "step 1"
-        line = figures.format_progress(self.global_steps, loss, self.get_lr(), self.throughput.rates(),
+        line = metrics.format_progress(self.global_steps, loss, self.get_lr(), self.throughput.rates(),
                                        self.loss_scale, self.skipped_steps)
         print(f"[zerorun] {line}", flush=True)
         if self.config.memory_breakdown:
-            print(f"[zerorun] step {self.global_steps} memory: {figures.format_memory(self.memory_breakdown())}",
+            print(f"[zerorun] step {self.global_steps} memory: {metrics.format_memory(self.memory_breakdown())}",
                   flush=True)
 
     # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
@@ -217,12 +217,12 @@ class Engine(DeepSpeedSurface, HfSurface):
     # ---- figures ------------------------------------------------------------------------------
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes of model state this rank holds, then what the process holds physically (its peak since
-        :meth:`reset_memory_peak`); see :mod:`zerorun.engine.figures` for each key."""
+        :meth:`reset_memory_peak`); see :mod:`zerorun.engine.metrics` for each key."""
         parts = self.parts
         grads, buffers = parts.grad_sync.held_bytes()
         # stage 3 also shards the parameters the optimizer does not step (frozen buckets)
         params = sum(b.held_bytes() for b in [*parts.buckets, *parts.frozen])
-        return {**figures.memory_breakdown(params, grads, parts.masters.held_bytes(),
+        return {**metrics.memory_breakdown(params, grads, parts.masters.held_bytes(),
                                            optimizer_state_bytes(self.optimizer), buffers),
                 **physical_memory.physical_figures(self.device)}
 

@@ -106,9 +106,9 @@ class InferenceEngine(Engine):
 
     def memory_breakdown(self) -> dict[str, int]:
         """As :meth:`Engine.memory_breakdown`; gradients, masters and optimizer state are always 0."""
-        from zerorun.engine import figures
+        from zerorun.engine import metrics
 
         params = sum(b.held_bytes() for b in self.parts.frozen)
         if not self.stage.shard_parameters:  # the whole model, in no bucket
             params = sum(t.numel() * t.element_size() for t in {id(p): p for p in self.module.parameters()}.values())
-        return figures.memory_breakdown(params, 0, 0, 0, 0)
+        return metrics.memory_breakdown(params, 0, 0, 0, 0)

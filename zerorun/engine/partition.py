@@ -22,7 +22,7 @@ in host memory or a swap file and is fetched to the compute device for each gath
 
 Each partitioned parameter carries ``param.zr_bucket`` (its bucket), which is how
 ``zero.GatheredParameters`` and the engine find it; it is a guarded
-:class:`~zerorun.engine.sharded_param.ZeroParameter` exactly while the bucket is not
+:class:`~zerorun.engine.guard.ZeroParameter` exactly while the bucket is not
 gathered. ``toucher`` (set by the gather coordinator) is asked to gather the bucket when
 a guarded parameter is used; ``frozen`` buckets hold parameters the optimizer does not
 step (no master, no gradient reduction).
@@ -39,9 +39,9 @@ from torch import nn
 from zerorun.engine import ds_param_attrs
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.collectives import Collectives, Pending
+from zerorun.engine.guard import guard, unguard
 from zerorun.engine.param_state import ParamState, check_transition
 from zerorun.engine.placement import to_device
-from zerorun.engine.sharded_param import guard, unguard
 
 BUCKET_ATTR = "zr_bucket"
 

@@ -62,7 +62,7 @@ def guess_hidden_size(model: nn.Module) -> int | None:
 
 
 def _model_state_bytes(engine: Any) -> int:
-    from zerorun.engine.figures import model_state_bytes  # the bookkeeping keys, not the physical ones
+    from zerorun.engine.metrics import model_state_bytes  # the bookkeeping keys, not the physical ones
 
     return model_state_bytes(engine.memory_breakdown())
 
