@@ -35,7 +35,7 @@ from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.partition import PartitionedBucket
 from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.stage3_grads import COALESCE_LIMIT
+from zerorun.engine.sharded_grads import COALESCE_LIMIT
 from zerorun.engine.units import plan_units
 
 

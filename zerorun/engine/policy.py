@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.collectives import Collectives
 from zerorun.engine.errors import EngineError
+from zerorun.engine.full_grads import FullGradSync
 from zerorun.engine.gather import GatherCoordinator
-from zerorun.engine.grad_sync import BucketGradSync, GradSyncBase, PartitionedGradSync, ReducePolicy
-from zerorun.engine.stage3_grads import Stage3GradSync
+from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.sharded_grads import ShardedGradSync, UnitGradSync
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,10 @@ class StagePolicy:
         parameters, reduce-scatter per unit as its gradients complete (small units coalesced)."""
         if self.shard_parameters:
             assert coordinator is not None, "sharded parameters are released by the gather coordinator"
-            return Stage3GradSync(buckets, coll, reduce, coordinator, coalesce_numel)  # type: ignore[arg-type]
+            return UnitGradSync(buckets, coll, reduce, coordinator, coalesce_numel)  # type: ignore[arg-type]
         if self.shard_gradients:
-            return PartitionedGradSync(buckets, coll, reduce)
-        return BucketGradSync(buckets, coll, reduce, scatter=self.shard_optimizer)
+            return ShardedGradSync(buckets, coll, reduce)
+        return FullGradSync(buckets, coll, reduce, scatter=self.shard_optimizer)
 
 
 _POLICIES = {

@@ -1,0 +1,249 @@
+"""Gradients kept as fp32 shards (stages 2 and 3): staged, reduce-scattered every micro-step, summed.
+
+* :class:`ShardAccumulator`: the fp32 sum of a bucket's reduced chunks. The first addition
+  since :meth:`~ShardAccumulator.zero` overwrites (no memset on the common path), later ones
+  add; read with nothing added, it is zeroed then. Stage 1 uses it too, only when a second
+  backward lands on a micro-step already reduced (a GAN's discriminator: real, then fake).
+* :class:`ShardedGradSync` (stage 2): each gradient is copied into a bucket-sized staging
+  buffer and freed; a complete bucket is reduce-scattered (in layout order) and the rank's
+  chunk added to its accumulator. Staging buffers come from a bounded pool
+  (:data:`MAX_STAGING_BUFFERS`).
+* :class:`UnitGradSync` (stage 3): the same, per module unit as soon as its gradients are
+  in, and the unit released (:meth:`~zerorun.engine.gather.GatherCoordinator.post_backward_bucket`).
+  Each stage-3 bucket is one module unit, so a model of many small units (norms, biases,
+  the projections of a small transformer) would pay one collective's fixed latency per
+  unit per micro-step. A bucket smaller than ``coalesce_numel`` is therefore not reduced on
+  its own: once its gradients are in, its staging buffer is copied into a *group* laid out
+  rank-major (rank r's chunk of the group is the concatenation of every member's chunk r),
+  the staging buffer goes back to the pool, and the group is reduce-scattered in one
+  collective when the next member would overflow it, or when backward ends. Each rank
+  receives exactly the elements it would have received bucket by bucket (the counted
+  volume is unchanged) and adds each member's part into that bucket's fp32 shard. A bucket
+  of ``coalesce_numel`` elements or more keeps its own reduce-scatter, overlapped with the
+  rest of backward as before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zerorun.engine.buckets import FlatBucket, zero_padding
+from zerorun.engine.collectives import Collectives
+from zerorun.engine.gather import GatherCoordinator
+from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.partition import PartitionedBucket
+
+# Stage 2 keeps at most this many staging buffers (of one bucket each), however large
+# reduce_bucket_size: with capped buckets four let backward run ahead of the reductions,
+# and stage 2 still holds less than stage 1's full gradient (measured: an unbounded pool
+# grew to 9 buckets on a loaded machine, more gradient bytes than stage 1).
+MAX_STAGING_BUFFERS = 4
+
+# A group is reduced once it holds this many elements (4 MB in fp32): past that size one
+# collective's fixed latency is small against its transfer, and backward keeps overlapping it.
+COALESCE_LIMIT = 1 << 20
+
+
+class ShardAccumulator:
+    """One fp32 accumulator per bucket, of the bucket's shard size."""
+
+    def __init__(self, buckets: list[FlatBucket], eager: bool) -> None:
+        self.buckets = buckets
+        self.acc: list[torch.Tensor | None] = [self._new(b) if eager else None for b in buckets]
+        self.fresh = [True] * len(buckets)  # holds nothing since the last zero(): overwrite, not add
+
+    @staticmethod
+    def _new(bucket: FlatBucket) -> torch.Tensor:
+        return torch.zeros(bucket.shard_numel, dtype=torch.float32, device=bucket.data.device)
+
+    def add(self, index: int, part: torch.Tensor, alpha: float = 1.0) -> None:
+        """Add ``alpha * part`` (a reduced chunk) to bucket ``index``'s sum."""
+        acc = self.acc[index]
+        if acc is None:
+            acc = self.acc[index] = self._new(self.buckets[index])
+        if self.fresh[index]:
+            torch.mul(part, alpha, out=acc)
+            self.fresh[index] = False
+        else:
+            acc.add_(part, alpha=alpha)
+
+    def holds(self, index: int) -> bool:
+        return not self.fresh[index]
+
+    def get(self, index: int) -> torch.Tensor:
+        acc = self.acc[index]
+        assert acc is not None
+        if self.fresh[index]:  # nothing added since zero() (a step without backward): the sum is zero
+            acc.zero_()
+        return acc
+
+    def zero(self) -> None:
+        self.fresh = [True] * len(self.buckets)  # the next add overwrites: no memset per step
+
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() for a in self.acc if a is not None)
+
+
+class ShardedGradSync(GradSyncBase):
+    """Stage 2: reduce-scatter every micro-step from staging buffers; keep only an fp32 gradient shard."""
+
+    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
+        super().__init__(buckets, coll, policy)
+        self.accum = ShardAccumulator(buckets, eager=True)
+        size = max(b.plan.padded_numel for b in buckets)
+        dtype, device = buckets[0].data.dtype, buckets[0].data.device
+        self._new = lambda: torch.empty(size, dtype=dtype, device=device)
+        two = 2 if policy.overlap_comm else 1
+        # overlap_comm always double-buffers, even when one parameter makes a bucket larger than
+        # reduce_bucket_size (the estimator counts two buckets; memory must not hang on bucket sizes)
+        bound = two if policy.staging_numel is None else max(two, policy.staging_numel // size)
+        self.limit = max(1, min(bound, MAX_STAGING_BUFFERS))
+        self.free: list[torch.Tensor] = [self._new() for _ in range(min(two, self.limit))]
+        self.allocated = len(self.free)
+        self.extra_allocated = 0
+        self.staging: dict[int, torch.Tensor] = {}
+        self.filled: dict[int, list[bool]] = {}
+
+    def _reduces_now(self) -> bool:
+        return True  # DeepSpeed's stage 2 reduces on every micro-step
+
+    def _acquire(self, bucket_index: int) -> torch.Tensor:
+        """A staging buffer: a free one, a new one within ``limit``, the oldest in flight's, or one extra."""
+        if not self.free and self.allocated < self.limit:
+            self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
+            self.free.append(self._new())
+        if not self.free and self.inflight:
+            self.inflight.popleft().wait()  # completion returns its buffer to the free list
+        if not self.free:
+            self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
+            self.allocated += 1
+            self.free.append(self._new())
+        buf = self.free.pop()
+        self.staging[bucket_index] = buf
+        self.filled[bucket_index] = [False] * len(self.buckets[bucket_index].params)
+        return buf
+
+    def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
+        buf = self.staging.get(bucket_index)
+        if buf is None:
+            buf = self._acquire(bucket_index)
+        slot = self.buckets[bucket_index].plan.slots[slot_index]
+        if param.grad is not None:
+            buf.narrow(0, slot.offset, slot.numel).copy_(param.grad.reshape(-1))
+            self.filled[bucket_index][slot_index] = True
+        param.grad = None
+
+    def _take(self, bucket_index: int) -> torch.Tensor:
+        """The bucket's complete staging buffer, out of the staging map, with every element no gradient
+        wrote (unused parameters, padding) zeroed: buffers are reused."""
+        bucket = self.buckets[bucket_index]
+        if bucket_index not in self.staging:
+            self._acquire(bucket_index)  # no gradient arrived (unused in forward): all zeros
+        buf, filled = self.staging.pop(bucket_index), self.filled.pop(bucket_index)
+        for slot, ok in zip(bucket.plan.slots, filled, strict=True):
+            if not ok:
+                buf.narrow(0, slot.offset, slot.numel).zero_()
+        zero_padding(buf, bucket.plan)  # between the aligned slots and after the last
+        return buf
+
+    def _launch(self, bucket_index: int) -> None:
+        self.tracker.launched[bucket_index] = True
+        bucket = self.buckets[bucket_index]
+        buf = self._take(bucket_index)
+        flat = buf.narrow(0, 0, bucket.plan.padded_numel)
+
+        def done(comm: torch.Tensor) -> None:
+            self.accum.add(bucket_index, bucket.shard(comm), self.post)
+            self.free.append(buf)
+
+        self._reduce(flat, True, done)
+
+    def owned_grads(self) -> list[torch.Tensor]:
+        return [self.accum.get(i) for i in range(len(self.buckets))]
+
+    def zero(self) -> None:
+        self.accum.zero()
+        self.unscaled_passes = 0
+
+    def held_bytes(self) -> tuple[int, int]:
+        grads = self.accum.nbytes()
+        n_buffers = len(self.free) + len(self.staging) + len(self.inflight)
+        buf = self.free[0] if self.free else None
+        per = buf.numel() * buf.element_size() if buf is not None else 0
+        return grads, n_buffers * per
+
+
+class UnitGradSync(ShardedGradSync):
+    """Reduce-scatter per bucket (small ones coalesced); a bucket whose gradients are all in is released."""
+
+    in_order = False  # a bucket is reduced (and its unit released) as soon as its gradients are in
+
+    def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
+                 coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT) -> None:
+        super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
+        self.coordinator = coordinator
+        self.coalesce_numel = coalesce_numel
+        small = sum(b.plan.padded_numel for b in buckets if b.plan.padded_numel < coalesce_numel)
+        # columns of the [world, cap] group buffer: never more than all the small buckets together
+        self.cap = max(1, min(coalesce_numel, small) // coll.world_size)
+        self.group: torch.Tensor | None = None
+        self.members: list[tuple[int, int, int]] = []  # (bucket index, column offset, shard numel)
+        self.used = 0
+
+    def _launch(self, bucket_index: int) -> None:
+        bucket = self.buckets[bucket_index]
+        if bucket.plan.padded_numel >= self.coalesce_numel:
+            super()._launch(bucket_index)
+        else:
+            self._join(bucket_index)
+        self.coordinator.post_backward_bucket(bucket_index)
+
+    def _join(self, bi: int) -> None:
+        """Copy bucket ``bi``'s complete gradients into the group (reducing the group first if full)."""
+        self.tracker.launched[bi] = True
+        bucket = self.buckets[bi]
+        buf = self._take(bi)
+        shard = bucket.shard_numel
+        if self.used + shard > self.cap:
+            self._flush()
+        if self.group is None:
+            self.group = torch.empty(self.coll.world_size, self.cap, dtype=buf.dtype, device=buf.device)
+        rows = buf.narrow(0, 0, bucket.plan.padded_numel).view(self.coll.world_size, shard)  # row r: chunk r
+        self.group.narrow(1, self.used, shard).copy_(rows)
+        self.free.append(buf)
+        self.members.append((bi, self.used, shard))
+        self.used += shard
+
+    def _flush(self) -> None:
+        """Reduce-scatter the group in one collective; every member's part lands in its fp32 shard."""
+        if not self.members:
+            return
+        assert self.group is not None
+        world, total = self.coll.world_size, self.used
+        flat = self.group.narrow(1, 0, total).contiguous().view(-1)  # a copy unless full
+        self.group = None  # the launch owns the buffer; the next group gets a new one (none held at rest)
+        members = self.members
+        self.members, self.used = [], 0
+        rank = self.coll.rank
+
+        def done(comm: torch.Tensor) -> None:
+            part = comm.narrow(0, rank * total, total)
+            for bi, offset, shard in members:
+                self.accum.add(bi, part.narrow(0, offset, shard), self.post)
+
+        assert flat.numel() == world * total
+        self._reduce(flat, True, done)
+
+    def held_bytes(self) -> tuple[int, int]:
+        """:class:`ShardedGradSync`'s figures, plus the group buffer while a group is being filled (none at rest)."""
+        grads, buffers = super().held_bytes()
+        group = 0 if self.group is None else self.group.numel() * self.group.element_size()
+        return grads, buffers + group
+
+    def finish_backward(self) -> None:
+        for i in range(len(self.buckets)):  # parameters unused in forward: their zero gradients
+            if not self.tracker.launched[i]:
+                self._launch(i)
+        self._flush()
+        super().finish_backward()  # everything is launched: waits for the reductions
+        self.coordinator.end_pass()
