@@ -1,7 +1,7 @@
 """Count the collectives of systems we do not control (DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed).
 
 Wraps the ``torch.distributed`` functions they call and counts bytes with the engine's
-convention (``zerorun.engine.collectives``): an all-reduce counts twice its buffer (it
+convention (``zerorun.engine.comm.collectives``): an all-reduce counts twice its buffer (it
 is a reduce-scatter plus an all-gather), a reduce-scatter its input, an all-gather its
 output, a broadcast its buffer. DDP's reducer calls the backend from C++ (invisible
 here); the runner adds its all-reduce of every gradient analytically (2 x 4 Psi bytes in

@@ -65,7 +65,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
     sys.path.insert(0, str(ROOT))
 
 import zerorun  # noqa: E402
-import zerorun.engine.bootstrap  # noqa: E402
+import zerorun.engine.comm.bootstrap  # noqa: E402
 from bench import gpu_check_device as device_checks  # noqa: E402
 from zerorun.engine.metrics import model_state_bytes  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
@@ -313,7 +313,7 @@ def check_memory(s: Sizes, device: torch.device, stage: int, **zero: Any) -> dic
 
 def check_setup(device: torch.device, dry: bool) -> dict[str, Any]:
     """The group serves the device the mode asks for: CUDA with NCCL, or the CPU with gloo (dry)."""
-    backends = zerorun.engine.bootstrap.group_backends()
+    backends = zerorun.engine.comm.bootstrap.group_backends()
     want = ("cpu", "gloo") if dry else ("cuda", "nccl")
     return {"passed": (device.type, backends.get(device.type)) == want, "backends": backends,
             "device": str(device)}

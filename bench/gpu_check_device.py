@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.estimate.memory_model import DEFAULT_OVERHEAD
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from zerorun.engine.bootstrap import (
+from zerorun.engine.comm.bootstrap import (
     choose_device_type,
     cuda_index,
     device_backends,
@@ -51,8 +51,8 @@ def test_a_cuda_only_group_without_cuda_is_a_clear_error() -> None:
 
 CPU_GLOO = """
 import torch, torch.distributed as dist
-from zerorun.engine.bootstrap import init_distributed
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.bootstrap import init_distributed
+from zerorun.engine.comm.collectives import Collectives
 dist.init_process_group("cpu:gloo", store=dist.HashStore(), rank=0, world_size=1)
 ctx = init_distributed()  # reuses the group
 coll = Collectives(ctx.group, 1, 0)
@@ -90,7 +90,7 @@ def test_the_device_is_set_before_the_group_and_passed_as_device_id(monkeypatch:
     import torch
     import torch.distributed as dist
 
-    from zerorun.engine import bootstrap
+    from zerorun.engine.comm import bootstrap
 
     calls: list[tuple[str, object]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -1,4 +1,4 @@
-"""The checking modes of Collectives (zerorun.engine.collective_checks), on one and two gloo ranks.
+"""The checking modes of Collectives (zerorun.engine.comm.checks), on one and two gloo ranks.
 
 Deferred work: an asynchronous collective's buffer holds poison until wait(), its input is
 the buffer as issued, and writing or freeing it before wait() fails. Device discipline: a
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tests.dist_harness import run_distributed
-from zerorun.engine.collective_checks import (
+from zerorun.engine.comm.checks import (
     CHECK_ENV,
     CollectiveBufferError,
     CollectiveDeviceError,
@@ -81,7 +81,7 @@ def test_a_tensor_off_the_groups_device_is_refused() -> None:
 
 def _deferred_ranks(rank: int, world: int) -> dict[str, object]:
     os.environ[CHECK_ENV] = "deferred,device,native"
-    from zerorun.engine.collectives import Collectives
+    from zerorun.engine.comm.collectives import Collectives
 
     coll = Collectives(dist.group.WORLD, world, rank)
     out: dict[str, object] = {"native": coll.native_reduce_scatter, "lane": coll.open_shared_lane(64)}

@@ -27,8 +27,8 @@ import torch
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_cases import STEPS, all_cases, reference, train_case
 from zerorun.engine.buckets import ALIGN_ELEMENTS
-from zerorun.engine.collective_checks import CHECK_ENV
-from zerorun.engine.shared_memory import ENV_SWITCH
+from zerorun.engine.comm.checks import CHECK_ENV
+from zerorun.engine.comm.shm import ENV_SWITCH
 
 CASES = all_cases()
 

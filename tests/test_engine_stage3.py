@@ -20,7 +20,7 @@ import torch
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.test_engine_stage3_cases import STEPS, parity_cases, reference, train_case
 from tests.test_engine_stage3_checks import run_checks
-from zerorun.engine.collective_checks import CHECK_ENV
+from zerorun.engine.comm.checks import CHECK_ENV
 
 CASES = parity_cases()
 
@@ -33,7 +33,7 @@ def _train_all(rank: int, world: int, checks: str) -> dict:
 
 
 # "nccl-deferred": the NCCL policy on gloo, every asynchronous collective's buffer poisoned until
-# its wait() and every tensor's device checked (zerorun.engine.collective_checks)
+# its wait() and every tensor's device checked (zerorun.engine.comm.checks)
 @pytest.fixture(scope="module", params=[(2, ""), (4, ""), (2, "native,deferred,device")],
                 ids=["world2", "world4", "world2-nccl-policy-deferred"])
 def runs(request: pytest.FixtureRequest) -> tuple[int, list[dict]]:

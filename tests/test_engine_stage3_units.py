@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.guard import ShardedParameterError, ZeroParameter
 from zerorun.engine.param_state import ParamState, ParamStateError, check_transition
 from zerorun.engine.partition import bucket_of, unit_bucket
@@ -107,7 +107,7 @@ def test_zero_init_builds_on_the_engine_device_and_model_to_keeps_binding() -> N
     parameters as views of the bucket. No GPU here, so ``ctx.device`` is the CPU: what is checked is
     that each move is asked for with the engine's device and that the buckets are built from it."""
     import zerorun
-    from zerorun.engine.bootstrap import init_distributed
+    from zerorun.engine.comm.bootstrap import init_distributed
     from zerorun.engine.placement import watch_moves
 
     cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},

@@ -67,7 +67,7 @@ def test_first_host(nodelist: str, host: str) -> None:
 
 WORLD = """
 import torch.distributed as dist
-from zerorun.engine.bootstrap import init_distributed
+from zerorun.engine.comm.bootstrap import init_distributed
 ctx = init_distributed()
 t = __import__("torch").ones(1)
 dist.all_reduce(t)

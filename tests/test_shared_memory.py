@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from tests.dist_harness import RankFailure, run_distributed
-from zerorun.engine import shared_memory
-from zerorun.engine.collectives import Collectives
-from zerorun.engine.shared_memory import SLOTS
+from zerorun.engine.comm import shm as shared_memory
+from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.comm.shm import SLOTS
 
 SLOT_NUMEL = 96  # fp32 elements per slot: the 120-element case below exceeds it
 

@@ -117,8 +117,8 @@ def test_simulation_from_the_environment() -> None:
 def test_init_distributed_joins_the_simulated_world(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from zerorun.engine.bootstrap import init_distributed
-    from zerorun.engine.collectives import Collectives
+    from zerorun.engine.comm.bootstrap import init_distributed
+    from zerorun.engine.comm.collectives import Collectives
 
     monkeypatch.setenv("ZERORUN_SIMULATE", "256")
     monkeypatch.setenv("ZERORUN_SIMULATE_RANK", "17")

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import zerorun.engine
 from tests.dist_harness import run_distributed
 from tests.test_engine_cases import MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
-from zerorun.engine.collective_checks import CHECK_ENV
+from zerorun.engine.comm.checks import CHECK_ENV
 
 ENGINE_DIR = str(Path(zerorun.engine.__file__).parent)  # as the frames name their files (not resolved)
 _TORCH = Path(torch.__file__).parent

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "initialize": ("zerorun.engine.api", "initialize"),
-    "init_distributed": ("zerorun.engine.bootstrap", "init_distributed"),
+    "init_distributed": ("zerorun.engine.comm.bootstrap", "init_distributed"),
     "add_config_arguments": ("zerorun.engine.api", "add_config_arguments"),
     "zero": ("zerorun.zero", None),
     "simulate": ("zerorun.simulate", None),

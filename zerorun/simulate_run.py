@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerorun.engine.collectives import KINDS
+from zerorun.engine.comm.counter import KINDS
 from zerorun.engine.metrics import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world

@@ -1,7 +1,7 @@
 """``deepspeed.comm``: DeepSpeed's torch.distributed-shaped communication module.
 
 Queries (rank, world size, backend) read torch.distributed's state; every collective
-goes through :mod:`zerorun.engine.collectives` (the single caller of torch.distributed
+goes through :mod:`zerorun.engine.comm.collectives` (the single caller of torch.distributed
 collectives in zerorun). ``init_distributed`` is zerorun's bootstrap: it reuses an
 existing default group and falls back to a world of one without a launcher.
 """
@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-from zerorun.engine import bootstrap
-from zerorun.engine import collectives as coll
+from zerorun.engine.comm import bootstrap
+from zerorun.engine.comm import script as coll
 
 ProcessGroup = dist.ProcessGroup
 Work = dist.Work

@@ -25,9 +25,9 @@ from torch import nn
 
 from zerorun.engine import ds_param_attrs
 from zerorun.engine import precision as precision_mod
-from zerorun.engine.bootstrap import DistContext, init_distributed
 from zerorun.engine.build import Parts, build_parts
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.bootstrap import DistContext, init_distributed
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed

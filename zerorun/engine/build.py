@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.bootstrap import DistContext
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy

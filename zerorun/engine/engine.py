@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from zerorun.engine import fragments, loss_scaler, metrics, physical_memory
-from zerorun.engine.bootstrap import DistContext
 from zerorun.engine.build import Parts
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.bootstrap import DistContext
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.ds_surface import DeepSpeedSurface
 from zerorun.engine.errors import EngineError
 from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from zerorun.engine.buckets import FlatBucket
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.sharded_grads import ShardAccumulator
 

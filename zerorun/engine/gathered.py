@@ -71,8 +71,8 @@ class Init:
     def __enter__(self) -> Init:
         if not self.enabled:
             return self
-        from zerorun.engine.bootstrap import init_distributed
-        from zerorun.engine.collectives import Collectives
+        from zerorun.engine.comm.bootstrap import init_distributed
+        from zerorun.engine.comm.collectives import Collectives
 
         ctx = init_distributed()
         if not _shards_parameters(self.config, ctx.world_size):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 
 
 def global_norm_sq(owned: list[torch.Tensor], sharded: bool, coll: Collectives) -> float:

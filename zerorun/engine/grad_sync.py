@@ -77,7 +77,7 @@ import torch
 from torch.autograd import Variable
 
 from zerorun.engine.buckets import FlatBucket
-from zerorun.engine.collectives import Collectives, Pending
+from zerorun.engine.comm.collectives import Collectives, Pending
 
 
 @dataclass(frozen=True)

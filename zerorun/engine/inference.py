@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.build import Parts, unit_layout
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
 from zerorun.engine.gather import GatherCoordinator, GatherPolicy

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.buckets import FlatBucket
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.partition import PartitionedBucket

@@ -38,7 +38,7 @@ from torch import nn
 
 from zerorun.engine import ds_param_attrs
 from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
-from zerorun.engine.collectives import Collectives, Pending
+from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.guard import guard, unguard
 from zerorun.engine.param_state import ParamState, check_transition
 from zerorun.engine.placement import to_device

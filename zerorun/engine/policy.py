@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zerorun.engine.buckets import FlatBucket
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.full_grads import FullGradSync
 from zerorun.engine.gather import GatherCoordinator

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from zerorun.engine.buckets import FlatBucket, zero_padding
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.gather import GatherCoordinator
 from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.partition import PartitionedBucket

@@ -97,7 +97,7 @@ def _leave(code: int) -> None:
     called without an active exception", SIGABRT), which would turn a finished trial
     into a crash.
     """
-    from zerorun.engine.collectives import leave_group
+    from zerorun.engine.comm.script import leave_group
 
     with contextlib.suppress(Exception):
         leave_group()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.gather import Unit
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.offload.policy import OffloadPolicy
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from zerorun.engine.collectives import Collectives
+from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.offload.host import HostMasters
 from zerorun.engine.offload.policy import OffloadPolicy
 from zerorun.engine.offload.swapper import Swapper

@@ -18,13 +18,13 @@ sends its chunk to every peer and receives theirs in place. Each rank sends (N-1
 the buffer, half of what an all-reduce moves (measured on 2 gloo ranks, 100 MB:
 reduce-scatter 45 ms, all-gather 35-42 ms, against 60 ms for the all-reduce that
 carried each before). When every rank runs on one host, the engine opens a faster lane
-(:meth:`Collectives.open_shared_lane`, :mod:`zerorun.engine.shared_memory`): reduce-scatters,
+(:meth:`Collectives.open_shared_lane`, :mod:`zerorun.engine.comm.shm`): reduce-scatters,
 all-gathers and sum all-reduces up to a slot's size go through shared memory, one copy in
 and one read out, no kernel in between. :meth:`CommCounter.snapshot` says which path
 carries each kind (``via``); the counted figures stay the logical collectives. On NCCL
 reduce-scatter and all-gather are native and the lane is never opened.
 Which one runs is decided from the group's device->backend map (see
-:mod:`zerorun.engine.bootstrap`), not from the backend's name.
+:mod:`zerorun.engine.comm.bootstrap`), not from the backend's name.
 
 Every tensor a collective sees lives on the group's device (:attr:`Collectives.device`):
 a blocking collective on a tensor elsewhere (a host scalar, an offloaded shard) is run
@@ -32,25 +32,24 @@ on a device copy that is copied back, so NCCL never sees a CPU tensor; an asynch
 one is refused, since the copy back would have to wait anyway.
 
 Tests turn on checking modes with ``ZERORUN_CHECK_COLLECTIVES`` (deferred work, device
-discipline, the NCCL policy on gloo: :mod:`zerorun.engine.collective_checks`).
+discipline, the NCCL policy on gloo: :mod:`zerorun.engine.comm.checks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from zerorun.engine import shared_memory
-from zerorun.engine.bootstrap import group_backends, native_scatter, serving
-from zerorun.engine.collective_checks import check_device, check_modes, defer
-from zerorun.engine.shared_memory import SharedLane
-
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+from zerorun.engine.comm import shm
+from zerorun.engine.comm.bootstrap import group_backends, native_scatter, serving
+from zerorun.engine.comm.checks import check_device, check_modes, defer
+from zerorun.engine.comm.counter import CommCounter
+from zerorun.engine.comm.shm import SharedLane
+from zerorun.engine.comm.work import Exchange, LaneWork, Pending
 
 # torch's backward stashes a contextvars.Context in thread-local state under this key, and
 # every collective issued meanwhile (from a gradient hook) copies that state into its work.
@@ -88,91 +87,13 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-@dataclass
-class KindCount:
-    calls: int = 0
-    bytes: int = 0
-    elements: int = 0
-
-
-@dataclass
-class CommCounter:
-    """Per-kind totals since the engine started."""
-
-    counts: dict[str, KindCount] = field(default_factory=lambda: {k: KindCount() for k in KINDS})
-    via: dict[str, str] = field(default_factory=dict)
-
-    def add(self, kind: str, tensor: torch.Tensor) -> None:
-        c = self.counts[kind]
-        c.calls += 1
-        c.elements += tensor.numel()
-        c.bytes += tensor.numel() * tensor.element_size()
-
-    def snapshot(self) -> dict[str, dict[str, int | str]]:
-        out: dict[str, dict[str, int | str]] = {}
-        for kind, c in self.counts.items():
-            row: dict[str, int | str] = {"calls": c.calls, "bytes": c.bytes, "elements": c.elements}
-            if kind in self.via:
-                row["via"] = self.via[kind]
-            out[kind] = row
-        return out
-
-
-class Pending:
-    """An in-flight collective. ``wait()`` blocks, then runs the completion callback once."""
-
-    def __init__(self, work: dist.Work | None, then: Callable[[], None] | None = None) -> None:
-        self._work = work
-        self._then = then
-        self.done = False
-
-    def then(self, fn: Callable[[], None]) -> Pending:
-        """Run ``fn`` once the collective has completed (at ``wait()``)."""
-        self._then = fn
-        return self
-
-    def wait(self) -> None:
-        if self.done:
-            return
-        if self._work is not None:
-            self._work.wait()
-        self.done = True
-        if self._then is not None:
-            self._then()
-
-
-class _Exchange:
-    """The point-to-point works of one emulated collective; ``finish`` runs once all completed."""
-
-    def __init__(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> None:
-        self.works = works
-        self.finish = finish
-
-    def wait(self) -> None:
-        for w in self.works:
-            w.wait()
-        if self.finish is not None:
-            self.finish()
-
-
-class _LaneWork:
-    """A shared-memory collective in flight: waiting completes it (and every earlier one)."""
-
-    def __init__(self, lane: SharedLane, seq: int) -> None:
-        self.lane = lane
-        self.seq = seq
-
-    def wait(self) -> None:
-        self.lane.complete_through(self.seq)
-
-
 def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
     """The collective timeout ``group`` was created with (``init_process_group(timeout=...)``),
     so a lane wait gives up when the backend's own collectives would."""
-    try:
-        return group._get_backend(device).options._timeout.total_seconds()  # type: ignore[union-attr]
-    except (AttributeError, RuntimeError):  # a backend without options: torch's default
-        return shared_memory.WAIT_TIMEOUT_S
+    with suppress(AttributeError, RuntimeError):  # a backend without options: torch's default
+        if group is not None:
+            return group._get_backend(device).options._timeout.total_seconds()
+    return shm.WAIT_TIMEOUT_S
 
 
 class Collectives:
@@ -187,7 +108,7 @@ class Collectives:
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
-        self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.collective_checks)
+        self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.comm.checks)
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
             device_type, backend = serving(group_backends(group), torch.cuda.is_available())
@@ -212,12 +133,12 @@ class Collectives:
         if not self._live():
             return Pending(None)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op)))  # type: ignore[arg-type]
+            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op)))
         return self._all_reduce(tensor, async_op, op)
 
     def _all_reduce(self, tensor: torch.Tensor, async_op: bool, op: dist.ReduceOp.RedOpType) -> Pending:
-        if op == dist.ReduceOp.SUM and self._on_lane(tensor):
-            return self._lane_pending(self.lane.all_reduce(tensor), async_op)  # type: ignore[union-attr]
+        if op == dist.ReduceOp.SUM and (lane := self._lane_for(tensor)) is not None:
+            return self._lane_pending(lane, lane.all_reduce(tensor), async_op)
         return self._run(tensor, async_op, lambda t: dist.all_reduce(t, op=op, group=self.group,
                                                                       async_op=async_op))
 
@@ -270,15 +191,15 @@ class Collectives:
         if not self._live():
             return Pending(None)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))  # type: ignore[arg-type]
+            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))
         return self._reduce_scatter(flat, async_op)
 
     def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
                 self.shard_of(t), t, group=self.group, async_op=async_op))
-        if self._on_lane(flat):
-            return self._lane_pending(self.lane.reduce_scatter(flat), async_op)  # type: ignore[union-attr]
+        if (lane := self._lane_for(flat)) is not None:
+            return self._lane_pending(lane, lane.reduce_scatter(flat), async_op)
         size = flat.numel() // self.world_size
         received = [torch.empty(size, dtype=flat.dtype, device=flat.device) for _ in self._peers()]
         ops = []
@@ -286,7 +207,7 @@ class Collectives:
             ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), peer, self.group),
                     dist.P2POp(dist.irecv, buf, peer, self.group)]
         mine = self.shard_of(flat)
-        return self._exchange(ops, lambda: shared_memory.add_chunks(mine, received), async_op)
+        return self._exchange(ops, lambda: shm.add_chunks(mine, received), async_op)
 
     @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
@@ -295,15 +216,15 @@ class Collectives:
         if not self._live():
             return Pending(None)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True)))  # type: ignore[arg-type]
+            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True)))
         return self._all_gather(flat, async_op)
 
     def _all_gather(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
             return self._run(flat, async_op, lambda t: _ALL_GATHER(
                 t, self.shard_of(t), group=self.group, async_op=async_op))
-        if self._on_lane(flat):
-            return self._lane_pending(self.lane.all_gather(flat), async_op)  # type: ignore[union-attr]
+        if (lane := self._lane_for(flat)) is not None:
+            return self._lane_pending(lane, lane.all_gather(flat), async_op)
         size = flat.numel() // self.world_size
         ops = []
         for peer in self._peers():
@@ -322,16 +243,16 @@ class Collectives:
     # ---- the same-host shared-memory lane (gloo only) ---------------------------------------------
     def open_shared_lane(self, largest_numel: int) -> bool:
         """Carry this group's reduce-scatters, all-gathers and sum all-reduces through shared memory,
-        when every rank runs on this host (see :mod:`~zerorun.engine.shared_memory`); a slot holds
+        when every rank runs on this host (see :mod:`~zerorun.engine.comm.shm`); a slot holds
         ``largest_numel`` fp32 elements (the largest bucket), up to the lane's cap.
 
         Every rank must call it, with the same ``largest_numel``; whether the lane opened is
         agreed by all (any rank that cannot map the segments makes all use gloo).
         """
-        slot_bytes = shared_memory.slot_bytes_for(4 * largest_numel)
+        slot_bytes = shm.slot_bytes_for(4 * largest_numel)
         if self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu":
             return self.lane is not None
-        offer = (shared_memory.lane_supported(), shared_memory.host_identity(), shared_memory.new_token())
+        offer = (shm.lane_supported(), shm.host_identity(), shm.new_token())
         offers = self.all_gather_object(offer)
         if not all(o[0] for o in offers) or len({o[1] for o in offers}) != 1:
             return False
@@ -339,28 +260,30 @@ class Collectives:
         own: torch.Tensor | None = None
         segments: list[torch.Tensor] = []
         with suppress(OSError, RuntimeError):  # a full /dev/shm, or torch refusing the mapping
-            own = shared_memory.create_segment(token, self.rank, slot_bytes)
+            own = shm.create_segment(token, self.rank, slot_bytes)
         if self.all_true(own is not None):
             try:
-                segments = [own if r == self.rank else shared_memory.open_segment(token, r, slot_bytes)
+                segments = [own if r == self.rank else shm.open_segment(token, r, slot_bytes)
                             for r in range(self.world_size)]
             except (OSError, RuntimeError):
                 segments = []
         opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
-        shared_memory.segment_path(token, self.rank).unlink(missing_ok=True)
+        shm.segment_path(token, self.rank).unlink(missing_ok=True)
         if opened:
             self.lane = SharedLane(segments, self.rank, slot_bytes, group_timeout_s(self.group, self.device))
             self.counter.via["reduce_scatter"] = self.counter.via["all_gather"] = self.counter.via["all_reduce"] = (
                 "shared memory between the ranks of this host")
         return opened
 
-    def _on_lane(self, tensor: torch.Tensor) -> bool:
-        return self.lane is not None and tensor.device.type == "cpu" and self.lane.fits(tensor)
+    def _lane_for(self, tensor: torch.Tensor) -> SharedLane | None:
+        """The lane, when ``tensor`` goes through it (a host tensor that fits a slot)."""
+        lane = self.lane
+        return lane if lane is not None and tensor.device.type == "cpu" and lane.fits(tensor) else None
 
-    def _lane_pending(self, seq: int, async_op: bool) -> Pending:
-        work = _LaneWork(self.lane, seq)  # type: ignore[arg-type]
+    def _lane_pending(self, lane: SharedLane, seq: int, async_op: bool) -> Pending:
+        work = LaneWork(lane, seq)
         if async_op:
-            return Pending(work)  # type: ignore[arg-type]
+            return Pending(work)
         work.wait()
         return Pending(None)
 
@@ -376,9 +299,9 @@ class Collectives:
             return Pending(None)
         self._check_device("a point-to-point exchange", *(op.tensor for op in ops))
         with _outside_backward_tls():
-            exchange = _Exchange(dist.batch_isend_irecv(ops), finish)
+            exchange = Exchange(dist.batch_isend_irecv(ops), finish)
         if async_op:
-            return Pending(exchange)  # type: ignore[arg-type]
+            return Pending(exchange)
         exchange.wait()
         return Pending(None)
 
@@ -392,71 +315,3 @@ class Collectives:
         """This rank's contiguous chunk of a flat buffer padded to a multiple of the world size."""
         size = flat.numel() // self.world_size
         return flat.narrow(0, self.rank * size, size)
-
-
-# ---- the training script's own collectives ------------------------------------------------------
-# `deepspeed.comm` under --as_deepspeed (zerorun.compat.comm) forwards the script's collectives
-# here, so this file stays the only caller of torch.distributed collectives. They are the
-# script's traffic on the script's group, so the engine's CommCounter does not count them.
-
-ScriptWork = dist.Work | None
-
-
-def script_all_reduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> ScriptWork:
-    return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
-
-
-def script_reduce(tensor: torch.Tensor, dst: int, op: Any, group: Any, async_op: bool) -> ScriptWork:
-    return dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
-
-
-def script_broadcast(tensor: torch.Tensor, src: int, group: Any, async_op: bool) -> ScriptWork:
-    return dist.broadcast(tensor, src, group=group, async_op=async_op)
-
-
-def script_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any,
-                      async_op: bool) -> ScriptWork:
-    return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
-
-
-def script_all_gather_into_tensor(output: torch.Tensor, tensor: torch.Tensor, group: Any,
-                                  async_op: bool) -> ScriptWork:
-    return dist.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
-
-
-def script_reduce_scatter_tensor(output: torch.Tensor, tensor: torch.Tensor, op: Any, group: Any,
-                                 async_op: bool) -> ScriptWork:
-    return dist.reduce_scatter_tensor(output, tensor, op=op, group=group, async_op=async_op)
-
-
-def script_all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, group: Any, async_op: bool) -> ScriptWork:
-    return dist.all_to_all_single(output, tensor, group=group, async_op=async_op)
-
-
-def script_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int, group: Any,
-                  async_op: bool) -> ScriptWork:
-    return dist.gather(tensor, gather_list, dst=dst, group=group, async_op=async_op)
-
-
-def script_scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, group: Any,
-                   async_op: bool) -> ScriptWork:
-    return dist.scatter(tensor, scatter_list, src=src, group=group, async_op=async_op)
-
-
-def script_all_gather_object(object_list: list[Any], obj: Any, group: Any) -> None:
-    dist.all_gather_object(object_list, obj, group=group)
-
-
-def script_broadcast_object_list(object_list: list[Any], src: int, group: Any) -> None:
-    dist.broadcast_object_list(object_list, src=src, group=group)
-
-
-def script_barrier(group: Any) -> ScriptWork:
-    return dist.barrier(group=group)
-
-
-def leave_group() -> None:
-    """Every rank at a barrier, then the default group torn down (a clean end of a process)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()

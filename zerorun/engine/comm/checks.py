@@ -1,4 +1,4 @@
-"""Checking modes of :class:`~zerorun.engine.collectives.Collectives`: CPU stand-ins for a GPU.
+"""Checking modes of :class:`~zerorun.engine.comm.collectives.Collectives`: CPU stand-ins for a GPU.
 
 On gloo an asynchronous collective has usually finished by the time the engine looks at its
 buffer, and every tensor is on the one device there is, so two classes of GPU bugs cannot show
