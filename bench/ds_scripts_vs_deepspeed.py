@@ -1,5 +1,6 @@
 """The example DeepSpeed scripts of tests/ds_scripts/ on DeepSpeed itself and on `zerorun --as-deepspeed`,
-losses compared step by step (not part of the test suite: it needs a DeepSpeed install).
+losses compared step by step, with each run's peak resident memory per rank and its time
+(not part of the test suite: it needs a DeepSpeed install).
 
     python bench/ds_scripts_vs_deepspeed.py --ds-venv .venv-ds                 # every case
     python bench/ds_scripts_vs_deepspeed.py --ds-venv .venv-ds --cases clm-z2,clm-z3
@@ -7,7 +8,11 @@ losses compared step by step (not part of the test suite: it needs a DeepSpeed i
 
 DeepSpeed runs under its own launcher (`deepspeed --num_gpus 2`, DS_ACCELERATOR=cpu, gloo),
 zerorun under `zerorun --as-deepspeed --num_gpus 2`, with the same script, arguments and
-config. The first DeepSpeed run JIT-compiles its CPU ops (a minute or more).
+config. The first DeepSpeed run JIT-compiles its CPU ops (a minute or more). The TRL cases
+start from one tiny Llama saved here (tests/ds_scripts/tiny_llama.py) and need trl, peft
+and datasets in both environments. Peak memory: the kernel's VmHWM of each rank process
+(bench/rank_peaks.py), the largest over the ranks; time: the launch's wall clock, start-up
+included.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+from rank_peaks import RankPeaks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "ds_scripts"
@@ -29,6 +37,35 @@ TRAINER = ("--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", 
            "--num_samples", "40", "--per_device_train_batch_size", "2",
            # without a GPU, accelerate joins a multi-process DeepSpeed run only from the state run_clm.py sets up
            "--accelerator_config", '{"use_configured_state": true}')
+
+
+# the TRL scripts: 4 steps of a global batch of 4 (the values of tests/test_ds_scripts_trl.py); TRL's configs
+# default to bf16 and gradient checkpointing, so both are always given
+TRL = ("--model_name_or_path", "{ckpt}", "--output_dir", "{out}", "--max_steps", "4", "--logging_steps", "1",
+       "--save_strategy", "no", "--report_to", "none", "--learning_rate", "1e-2", "--warmup_steps", "0",
+       "--seed", "7", "--num_samples", "32", "--per_device_train_batch_size", "2",
+       "--accelerator_config", '{"use_configured_state": true}')
+FP32, NO_GC = ("--bf16", "false"), ("--gradient_checkpointing", "false")
+
+
+def _gc(reentrant: bool) -> list[str]:
+    return ["--gradient_checkpointing", "true", "--gradient_checkpointing_kwargs",
+            json.dumps({"use_reentrant": reentrant})]
+
+
+def _trl_cases() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
+    def case(script: str, stage: int, *args: str) -> tuple[str, list[str], None]:
+        return script, ["--deepspeed", str(SCRIPTS / f"ds_config_zero{stage}.json"), *args, *TRL], None
+
+    return {
+        "sft-z3": case("trl_sft.py", 3, *FP32, *NO_GC),
+        "sft-gc-z3": case("trl_sft.py", 3, *FP32, *_gc(reentrant=False)),
+        "sft-bf16-z3": case("trl_sft.py", 3, "--bf16", "true", "--use_cpu", *NO_GC),
+        "sft-lora-gc-z3": case("trl_sft.py", 3, *FP32, "--use_peft", *_gc(reentrant=True)),
+        "dpo-z2": case("trl_dpo.py", 2, *FP32, *NO_GC),
+        "dpo-z3": case("trl_dpo.py", 3, *FP32, *NO_GC),
+        "gen-z3": case("trl_sft.py", 3, *FP32, *NO_GC, "--generate_every", "2"),
+    }
 
 
 def _cifar_config(stage: int) -> dict[str, Any]:
@@ -73,7 +110,15 @@ def cases() -> dict[str, tuple[str, list[str], dict[str, Any] | None]]:
                                 "--output_dir", "{out}", *TRAINER], None)
         out[f"accelerate-z{stage}"] = ("accelerate_deepspeed.py", ["--zero_stage", str(stage), "--samples", "48",
                                        "--out_dir", "{out}"], None)
-    return out
+    return {**out, **_trl_cases()}
+
+
+def _checkpoint(path: Path) -> Path:
+    """The tiny Llama every TRL case starts from (built once, with this environment's transformers)."""
+    sys.path.insert(0, str(SCRIPTS))
+    from tiny_llama import save_tiny_llama
+
+    return save_tiny_llama(path)
 
 
 def _read_losses(out: Path) -> list[float]:
@@ -100,22 +145,38 @@ def _fill(arg: str, values: dict[str, str]) -> str:
 
 
 def run_case(system: str, launcher: list[str], env: dict[str, str], script: str, args: list[str],
-             config: dict[str, Any] | None, timeout: float) -> tuple[list[float] | None, str]:
+             config: dict[str, Any] | None, timeout: float, ckpt: str) -> dict[str, Any]:
+    """One launch: its losses (None if it failed), the error's tail, peak bytes per rank, seconds."""
     with tempfile.TemporaryDirectory(prefix=f"{system}-") as tmp:
         out = Path(tmp)
         cfg = out / "ds_config.json"
         if config is not None:
             cfg.write_text(json.dumps(config))
         port = _free_port()  # DeepSpeed's launcher would take 29500 and collide with any other job there
-        fill = {"{port}": port, "{cfg}": str(cfg), "{out}": str(out)}  # not str.format: arguments hold JSON
+        fill = {"{port}": port, "{cfg}": str(cfg), "{out}": str(out), "{ckpt}": ckpt}  # not str.format: JSON
         argv = [_fill(a, fill) for a in [*launcher, str(SCRIPTS / script), *args]]
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        peaks = RankPeaks(proc.pid, script)
+        peaks.start()
         try:
-            proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+            output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            return None, f"timed out after {timeout:.0f} s"
+            proc.kill()
+            proc.communicate()
+            output = f"timed out after {timeout:.0f} s"
+        finally:
+            peaks.stop()
+        row = {"seconds": time.perf_counter() - start, "peak_bytes": peaks.peaks(), "losses": None, "error": ""}
         if proc.returncode != 0:
-            return None, (proc.stdout + proc.stderr)[-2500:]
-        return _read_losses(out), ""
+            row["error"] = output[-2500:]
+        else:
+            row["losses"] = _read_losses(out)
+        return row
+
+
+def _mib(peaks: dict[int, int]) -> str:
+    return f"{max(peaks.values()) / 2**20:.0f}" if peaks else "n/a"
 
 
 def main() -> None:
@@ -125,7 +186,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ns = parser.parse_args()
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
+            "TOKENIZERS_PARALLELISM": "false"}
     ds_bin = ns.ds_venv.resolve() / "bin"
     systems = {
         "deepspeed": ([str(ds_bin / "deepspeed"), "--num_gpus", "2", "--master_port", "{port}"],
@@ -133,24 +195,35 @@ def main() -> None:
         "zerorun": ([sys.executable, "-m", "zerorun.cli", "--as_deepspeed", "--num_gpus", "2",
                      "--master_port", "auto"], base),
     }
-    table, figures = cases(), {}
-    for name in ns.cases.split(","):
-        script, args, config = table[name]
-        row: dict[str, Any] = {}
-        for system, (launcher, env) in systems.items():
-            losses, error = run_case(system, launcher, env, script, args, config, ns.timeout)
-            row[system] = losses
-            if error:
-                print(f"{name} on {system} failed:\n{error}", file=sys.stderr)
-        ds, zr = row["deepspeed"], row["zerorun"]
-        if ds and zr and len(ds) == len(zr):
-            row["max_rel_diff"] = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ds, zr, strict=True))
-        figures[name] = row
-        diff = row.get("max_rel_diff")
-        print(f"{name:14s} steps={len(ds or zr or [])}  max |dloss|/loss = "
-              f"{'n/a' if diff is None else f'{diff:.2e}'}", flush=True)
-        for system in systems:
-            print(f"    {system:9s} {' '.join(f'{v:.7f}' for v in row[system] or [])}")
+    table, figures, lines = cases(), {}, []
+    names = ns.cases.split(",")
+    with tempfile.TemporaryDirectory(prefix="ckpt-") as ckpt_dir:
+        ckpt = str(_checkpoint(Path(ckpt_dir))) if any("{ckpt}" in table[n][1] for n in names) else ""
+        for name in names:
+            script, args, config = table[name]
+            row: dict[str, Any] = {}
+            for system, (launcher, env) in systems.items():
+                row[system] = run_case(system, launcher, env, script, args, config, ns.timeout, ckpt)
+                if row[system]["error"]:
+                    print(f"{name} on {system} failed:\n{row[system]['error']}", file=sys.stderr)
+            ds, zr = row["deepspeed"]["losses"], row["zerorun"]["losses"]
+            if ds and zr and len(ds) == len(zr):
+                row["max_abs_diff"] = max(abs(a - b) for a, b in zip(ds, zr, strict=True))
+                row["max_rel_diff"] = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(ds, zr, strict=True))
+            figures[name] = row
+            diff = row.get("max_abs_diff")
+            print(f"{name:14s} steps={len(ds or zr or [])}  max |dloss| = {'n/a' if diff is None else f'{diff:.1e}'}"
+                  f"  (relative {row.get('max_rel_diff', float('nan')):.1e})", flush=True)
+            for system in systems:
+                r = row[system]
+                print(f"    {system:9s} {' '.join(f'{v:.7f}' for v in r['losses'] or [])}  peak/rank "
+                      f"{_mib(r['peak_bytes'])} MiB  {r['seconds']:.1f} s")
+            lines.append(f"| {name} | {len(ds or zr or [])} | {'n/a' if diff is None else f'{diff:.1e}'} | "
+                         f"{_mib(row['zerorun']['peak_bytes'])} | {_mib(row['deepspeed']['peak_bytes'])} | "
+                         f"{row['zerorun']['seconds']:.1f} | {row['deepspeed']['seconds']:.1f} |")
+    print("\n| case | steps | max abs loss diff | zerorun peak MiB/rank | DeepSpeed peak MiB/rank | zerorun s | "
+          "DeepSpeed s |\n|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
     if ns.json:
         ns.json.write_text(json.dumps(figures, indent=2))
 
