@@ -7,7 +7,7 @@ Run with a Python that has DeepSpeed (see shared/peers/README.md for the CPU ven
 For each case it prints the first mismatch (or "match") between the lr every optimizer step
 uses under DeepSpeed (its scheduler as DeepSpeed's engine drives it: built, then stepped
 after each optimizer step) and under zerorun's :class:`zerorun.engine.schedulers.Scheduler`.
-The pinned figures in tests/test_compat_schedulers.py were taken from this script's output.
+The pinned figures in tests/compat/test_compat_schedulers.py were taken from this script's output.
 """
 
 from __future__ import annotations

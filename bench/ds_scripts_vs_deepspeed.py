@@ -39,7 +39,7 @@ TRAINER = ("--max_steps", "5", "--logging_steps", "1", "--save_strategy", "no", 
            "--accelerator_config", '{"use_configured_state": true}')
 
 
-# the TRL scripts: 4 steps of a global batch of 4 (the values of tests/test_ds_scripts_trl.py); TRL's configs
+# the TRL scripts: 4 steps of a global batch of 4 (the values of tests/scripts/test_ds_scripts_trl.py); TRL's configs
 # default to bf16 and gradient checkpointing, so both are always given
 TRL = ("--model_name_or_path", "{ckpt}", "--output_dir", "{out}", "--max_steps", "4", "--logging_steps", "1",
        "--save_strategy", "no", "--report_to", "none", "--learning_rate", "1e-2", "--warmup_steps", "0",

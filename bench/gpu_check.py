@@ -7,7 +7,7 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
 
 * ``parity/stage{0..3}-{fp32,bf16}``: the engine against plain PyTorch (fp32 master weights,
   compute in the dtype, AdamW) on the tied-embedding GPT of examples/train_gpt.py, step by
-  step. Tolerances as in tests/test_engine_parity.py: fp32 rtol 1e-5; bf16 rtol 2^-8 on
+  step. Tolerances as in tests/engine/test_engine_parity.py: fp32 rtol 1e-5; bf16 rtol 2^-8 on
   losses, 2^-7 + 0.1 x lr per step on parameters.
 * ``stage3/zero_init``, ``stage3/offload_cpu`` (optimizer and parameters in pinned host
   memory - pinned is checked where CUDA is present), ``stage3/offload_nvme``: the same parity.

@@ -77,7 +77,7 @@ def assert_matches_reference(case, world: int, per_rank: list[dict], steps: int,
 
     The global-batch loss of a step is the mean of every rank's micro-batch losses. The
     tolerances (fp32 rtol 1e-5; bf16 2^-8 on losses, 2^-7 + 0.1 x lr per step on
-    parameters) are derived in the docstring of tests/test_engine_parity.py.
+    parameters) are derived in the docstring of tests/engine/test_engine_parity.py.
     """
     import torch
 

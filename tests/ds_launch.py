@@ -1,4 +1,4 @@
-"""Run an unmodified DeepSpeed script under ``zerorun --as-deepspeed`` (imported by tests/test_ds_scripts*.py).
+"""Run an unmodified DeepSpeed script under ``zerorun --as-deepspeed`` (imported by tests/scripts/test_ds_scripts*.py).
 
 Each script writes ``losses_rank{r}.json`` (or, for the Trainer, ``log_history.json``) to
 the directory it is given; the launch has a hard timeout, its output goes to SCRIPT.log in

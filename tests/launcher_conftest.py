@@ -1,4 +1,4 @@
-"""Fixtures for the launcher's multi-process tests (imported by tests/test_launcher_*.py).
+"""Fixtures for the launcher's multi-process tests (imported by tests/launcher/test_launcher_*.py).
 
 ``sshd``: a real OpenSSH server started by the test, as root, on a free high port of
 the loopback addresses 127.0.0.2 and 127.0.0.3, with host and user keys generated

@@ -1,4 +1,4 @@
-"""A one-machine Slurm cluster for the launcher tests (imported by tests/test_launcher_slurm.py).
+"""A one-machine Slurm cluster for the launcher tests (imported by tests/launcher/test_launcher_slurm.py).
 
 ``slurm`` (session scope) writes a slurm.conf into a temporary directory - this machine
 as the one node, its own ports, state and spool directories - and starts ``slurmctld``
