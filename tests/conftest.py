@@ -4,8 +4,22 @@ launcher's fixtures) import by name from every test folder, and from the process
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_group_left_behind() -> Iterator[None]:
+    """Every test module starts without a default process group: in-process engines (world 1) create
+    one and keep it, and a simulated world (``zerorun.simulate.world``) needs a process without one."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
