@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -40,6 +40,21 @@ from zerorun.engine.parameter_offload import ParameterOffload
 from zerorun.engine.policy import policy_for_stage
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.trial import trial_config
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+    from zerorun.config.load import Source
+    from zerorun.config.schema import ZerorunConfig
+    from zerorun.engine.dataloader import TrainingDataLoader
+    from zerorun.engine.policy import StagePolicy
+    from zerorun.engine.precision import PrecisionPolicy
+    from zerorun.engine.schedulers import LRSchedulerLike
+
+    # DeepSpeed's model_parameters: tensors, or parameter-group dicts
+    Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+    OptimizerArg = torch.optim.Optimizer | Callable[[Params], torch.optim.Optimizer]
+    SchedulerArg = LRSchedulerLike | Callable[[torch.optim.Optimizer], LRSchedulerLike]
 
 CONFIG_ENV = "ZERORUN_CONFIG"
 _FLAGS = ("--config", "--deepspeed_config", "--deepspeed-config")
@@ -90,7 +105,7 @@ def _config_from_argv(argv: list[str]) -> str | None:
     return None
 
 
-def resolve_config_source(config: Any, args: Any = None) -> Any:
+def resolve_config_source(config: Source, args: object | None = None) -> str | Path | dict[str, Any]:
     """The config to load: explicit > ``args`` > ``$ZERORUN_CONFIG`` > ``--config`` in sys.argv."""
     if config is not None:
         return config
@@ -113,7 +128,8 @@ def _hidden_size(model: nn.Module) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _make_optimizer(cfg: Any, optimizer: Any, model: nn.Module, model_parameters: Any) -> torch.optim.Optimizer:
+def _make_optimizer(cfg: ZerorunConfig, optimizer: OptimizerArg | None, model: nn.Module,
+                    model_parameters: Params | None) -> torch.optim.Optimizer:
     from zerorun.config import check_client_optimizer
 
     client = optimizer is not None
@@ -131,7 +147,8 @@ def _make_optimizer(cfg: Any, optimizer: Any, model: nn.Module, model_parameters
     return build_optimizer(cfg.optimizer.type, dict(cfg.optimizer.params), params)
 
 
-def _make_scheduler(cfg: Any, lr_scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+def _make_scheduler(cfg: ZerorunConfig, lr_scheduler: SchedulerArg | None,
+                    optimizer: torch.optim.Optimizer) -> LRSchedulerLike | None:
     if lr_scheduler is not None:
         is_object = hasattr(lr_scheduler, "step")
         return lr_scheduler if is_object else lr_scheduler(optimizer)
@@ -140,11 +157,13 @@ def _make_scheduler(cfg: Any, lr_scheduler: Any, optimizer: torch.optim.Optimize
     return build_scheduler(cfg.scheduler.type, dict(cfg.scheduler.params), optimizer)
 
 
-def initialize(model: nn.Module | None = None, optimizer: Any = None, model_parameters: Any = None,
-               config: str | Path | dict[str, Any] | None = None, lr_scheduler: Any = None,
-               training_data: Any = None, collate_fn: Callable[..., Any] | None = None,
-               dist_init_required: bool | None = None, *, args: Any = None, config_params: Any = None,
-               mpu: Any = None) -> tuple[Engine, torch.optim.Optimizer, Any, Any]:
+def initialize(model: nn.Module | None = None, optimizer: OptimizerArg | None = None,
+               model_parameters: Params | None = None, config: str | Path | dict[str, Any] | None = None,
+               lr_scheduler: SchedulerArg | None = None, training_data: Dataset[Any] | None = None,
+               collate_fn: Callable[..., Any] | None = None, dist_init_required: bool | None = None, *,
+               args: object | None = None, config_params: str | Path | dict[str, Any] | None = None,
+               mpu: object | None = None) -> tuple[Engine, torch.optim.Optimizer | None,
+                                                   TrainingDataLoader | None, LRSchedulerLike | None]:
     """Build the ZeRO engine. Returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
 
     ``model``: the ``nn.Module`` to train (moved to this rank's device). ``optimizer``: a
@@ -154,6 +173,8 @@ def initialize(model: nn.Module | None = None, optimizer: Any = None, model_para
     ``step()`` or a callable taking the optimizer - else the config's ``scheduler``.
     ``training_data``: a dataset; a DistributedSampler-backed DataLoader of the micro
     batch size is returned for it. A default process group that already exists is reused.
+    ``args`` is any object (DeepSpeed's too): only its ``deepspeed_config``/``config`` attributes are
+    read; ``mpu`` is refused unless None.
     """
     if isinstance(model, argparse.Namespace):  # DeepSpeed's positional order is (args, model, ...)
         args, model, optimizer, model_parameters = model, optimizer, model_parameters, None
@@ -170,9 +191,11 @@ def initialize(model: nn.Module | None = None, optimizer: Any = None, model_para
         raise EngineError(rank_prefixed(ctx.rank, e.message), e.hint) from e
 
 
-def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parameters: Any, config: Any,
-                lr_scheduler: Any, training_data: Any, collate_fn: Any,
-                args: Any) -> tuple[Engine, torch.optim.Optimizer, Any, Any]:
+def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | None,
+                model_parameters: Params | None, config: Source, lr_scheduler: SchedulerArg | None,
+                training_data: Dataset[Any] | None, collate_fn: Callable[..., Any] | None,
+                args: object | None) -> tuple[Engine, torch.optim.Optimizer | None, TrainingDataLoader | None,
+                                              LRSchedulerLike | None]:
     from zerorun.config import load_config
 
     source = resolve_config_source(config, args)
@@ -210,7 +233,8 @@ def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: P
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
 
 
-def _attach_loader(engine: Engine, training_data: Any, collate_fn: Any) -> Any:
+def _attach_loader(engine: Engine, training_data: Dataset[Any] | None,
+                   collate_fn: Callable[..., Any] | None) -> TrainingDataLoader | None:
     if training_data is None:
         return None
     loader = build_dataloader(training_data, engine.train_micro_batch_size_per_gpu(), engine.ctx.rank,
@@ -219,9 +243,10 @@ def _attach_loader(engine: Engine, training_data: Any, collate_fn: Any) -> Any:
     return loader
 
 
-def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module, cfg: Any, stage: Any,
-                          precision: Any, lr_scheduler: Any, training_data: Any,
-                          collate_fn: Any) -> tuple[Engine, Any, Any, Any]:
+def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module, cfg: ZerorunConfig,
+                          stage: StagePolicy, precision: PrecisionPolicy, lr_scheduler: SchedulerArg | None,
+                          training_data: Dataset[Any] | None, collate_fn: Callable[..., Any] | None
+                          ) -> tuple[Engine, None, TrainingDataLoader | None, None]:
     """No optimizer anywhere: an engine for forward passes (:mod:`zerorun.engine.inference`)."""
     if lr_scheduler is not None or cfg.scheduler is not None:
         raise EngineError("a learning-rate scheduler was given, but no optimizer for it to drive",

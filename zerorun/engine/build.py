@@ -17,7 +17,7 @@ One recipe for every stage; the policy answers its questions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -38,14 +38,18 @@ from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.sharded_grads import COALESCE_LIMIT
 from zerorun.engine.units import plan_units
 
+if TYPE_CHECKING:
+    from zerorun.config.schema_zero import ZeroConfig
+    from zerorun.engine.offload import Masters
+
 
 @dataclass
 class Parts:
     """What the engine sequences. With parameters replicated, ``frozen`` and ``units`` are empty and
     ``coordinator`` is None."""
 
-    buckets: list[Any]  # FlatBucket, or PartitionedBucket when parameters are sharded: stepped by the optimizer
-    masters: Any  # MasterShards, or an offload wrapper with its interface
+    buckets: list[FlatBucket]  # FlatBucket, or PartitionedBucket when parameters are sharded: stepped by the optimizer
+    masters: Masters  # MasterShards, or an offload wrapper with its interface
     grad_sync: GradSyncBase
     hooks: list[RemovableHandle]
     frozen: list[PartitionedBucket] = field(default_factory=list)  # sharded parameters the optimizer does not step
@@ -56,7 +60,7 @@ class Parts:
 
 @dataclass
 class Layout:
-    buckets: list[Any]
+    buckets: list[FlatBucket]  # PartitionedBucket (a FlatBucket) in the unit layout
     group_of_bucket: list[int]
     frozen: list[PartitionedBucket] = field(default_factory=list)
     units: list[Unit] = field(default_factory=list)
@@ -111,7 +115,7 @@ def _flat_layout(groups: list[list[nn.Parameter]], ctx: DistContext, coll: Colle
 
 
 def _flat_masters(module: nn.Module, layout: Layout, policy: StagePolicy, precision: PrecisionPolicy,
-                  coll: Collectives, offload: OffloadPolicy | None, optimizer: torch.optim.Optimizer) -> Any:
+                  coll: Collectives, offload: OffloadPolicy | None, optimizer: torch.optim.Optimizer) -> Masters:
     """Masters of replicated buckets (from rank 0's fp32 weights), then every parameter in the compute dtype."""
     with torch.no_grad():
         for b in layout.buckets:
@@ -129,7 +133,7 @@ def _flat_masters(module: nn.Module, layout: Layout, policy: StagePolicy, precis
 
 def _unit_masters(layout: Layout, coordinator: GatherCoordinator, precision: PrecisionPolicy,
                   offload: OffloadPolicy | None, param_offload: OffloadPolicy | None,
-                  optimizer: torch.optim.Optimizer) -> tuple[Any, ParamOffload | None]:
+                  optimizer: torch.optim.Optimizer) -> tuple[Masters, ParamOffload | None]:
     """Masters over the resting shards (the unit layout already cast them); a resting shard may be offloaded."""
     offloaded = any(p is not None and p.enabled for p in (offload, param_offload))  # then a separate copy
     inner = PartitionedMasters(layout.buckets, alias=precision.master_is_alias and not offloaded,
@@ -139,14 +143,14 @@ def _unit_masters(layout: Layout, coordinator: GatherCoordinator, precision: Pre
     return wrap_masters(inner, offload, optimizer), inner.param_offload
 
 
-def grad_hooks(buckets: list[Any], grad_sync: GradSyncBase) -> list[RemovableHandle]:
+def grad_hooks(buckets: list[FlatBucket], grad_sync: GradSyncBase) -> list[RemovableHandle]:
     """One post-accumulate hook per trainable parameter: its gradient is complete for this backward."""
     return [p.register_post_accumulate_grad_hook(lambda param, bi=bi, si=si: grad_sync.on_grad_ready(bi, si, param))
             for bi, b in enumerate(buckets) for si, p in enumerate(b.params)]
 
 
 def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
-                policy: StagePolicy, precision: PrecisionPolicy, zero_cfg: Any, reduce: ReducePolicy,
+                policy: StagePolicy, precision: PrecisionPolicy, zero_cfg: ZeroConfig, reduce: ReducePolicy,
                 offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None) -> Parts:
     groups = optimizer_groups(module, optimizer)
     bucket_size = int(zero_cfg.reduce_bucket_size)
@@ -177,7 +181,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
 
 
 def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives, precision: PrecisionPolicy,
-                zero_cfg: Any, device: torch.device) -> Layout:
+                zero_cfg: ZeroConfig, device: torch.device) -> Layout:
     """Stage 3's buckets, unit by unit (:func:`zerorun.engine.units.plan_units`)."""
     plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
     return Layout(plan.buckets, plan.group_of_bucket, plan.frozen, plan.units, plan.modules)

@@ -129,6 +129,6 @@ def sync_all(buckets: list[PartitionedBucket]) -> None:
         sync(b)
 
 
-def is_zero_param(param: Any) -> bool:
+def is_zero_param(param: object) -> bool:
     """DeepSpeed's ``is_zero_param``: the parameter is managed by ZeRO stage 3."""
     return hasattr(param, "ds_id")

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zerorun.engine.errors import EngineError, rank_prefixed
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from zerorun.engine.engine import Engine
+    from zerorun.engine.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateMover
+
 
 class TputTimer:
     """``engine.tput_timer``: DeepSpeed's throughput timer, read from the engine's figures."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
     @property
@@ -178,7 +184,8 @@ class DeepSpeedSurface:
         if coordinator is not None:
             coordinator.release_all()  # persistent buckets stay, as the step's refresh expects
 
-    def offload_states(self, include: Any = None, device: Any = "cpu", pin_memory: bool = True,
+    def offload_states(self, include: Iterable[OffloadStateTypeEnum | str] | None = None,
+                       device: OffloadDeviceEnum | str = "cpu", pin_memory: bool = True,
                        non_blocking: bool = False) -> None:
         """Move optimizer states, masters and parameters to host memory (see :mod:`zerorun.engine.offload_states`)."""
         self._state_mover().offload(include, device, pin_memory, non_blocking)
@@ -187,7 +194,7 @@ class DeepSpeedSurface:
         """Bring back what :meth:`offload_states` moved, to where it was."""
         self._state_mover().reload(non_blocking)
 
-    def _state_mover(self) -> Any:
+    def _state_mover(self) -> StateMover:
         from zerorun.engine.offload_states import StateMover
 
         if "_mover" not in self.__dict__:
@@ -214,8 +221,8 @@ class DeepSpeedSurface:
         return contextlib.nullcontext()
 
     # ---- the module ----------------------------------------------------------------------------
-    def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False,
-                          exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+    def module_state_dict(self, destination: dict[str, Any] | None = None, prefix: str = "",
+                          keep_vars: bool = False, exclude_frozen_parameters: bool = False) -> dict[str, Any]:
         """The module's state dict (stage 3: this rank's placeholders; use ``save_16bit_model`` for full weights)."""
         sd = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         if exclude_frozen_parameters:
@@ -236,7 +243,7 @@ class DeepSpeedSurface:
         for handle in getattr(coordinator, "handles", []):
             handle.remove()
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the module's attribute, whatever it is
         # only reached when normal lookup fails; forward to the module as DeepSpeed does
         module = self.__dict__.get("module")
         if module is not None and not name.startswith("__"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -36,12 +36,22 @@ from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
 from zerorun.engine.trial import recorder_for
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zerorun.config.schema import ZerorunConfig
+    from zerorun.engine.dataloader import TrainingDataLoader
+    from zerorun.engine.schedulers import LRSchedulerLike
+
+
+_T = TypeVar("_T")  # _cast_inputs: the same structure of inputs, floating tensors cast
+
 
 class NonFiniteGradientWarning(RuntimeWarning):
     """A bf16/fp32 step saw an inf/nan loss or gradient and was skipped."""
 
 
-def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
+def _cast_inputs(obj: _T, dtype: torch.dtype) -> _T:
     if torch.is_tensor(obj):
         return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
     if isinstance(obj, (list, tuple)):
@@ -52,7 +62,8 @@ def _cast_inputs(obj: Any, dtype: torch.dtype) -> Any:
 
 
 class Engine(DeepSpeedSurface, HfSurface):
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any, config: Any,
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 lr_scheduler: LRSchedulerLike | None, config: ZerorunConfig,
                  ctx: DistContext, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
                  parts: Parts) -> None:
         self.module = module
@@ -68,7 +79,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0
-        self.training_dataloader: Any = None
+        self.training_dataloader: TrainingDataLoader | None = None
         """The loader ``initialize(training_data=...)`` built; checkpoints carry its data position."""
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
@@ -250,7 +261,7 @@ class Engine(DeepSpeedSurface, HfSurface):
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False, custom_load_fn: Any = None,
+                        load_module_only: bool = False, custom_load_fn: Callable[..., Any] | None = None,
                         load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:
         """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``.
 

@@ -43,7 +43,7 @@ in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -51,6 +51,9 @@ from torch.utils._pytree import tree_flatten
 
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, refresh_together
+
+if TYPE_CHECKING:
+    from zerorun.config.schema_zero import ZeroConfig
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class GatherPolicy:
     max_reuse: int  # stage3_max_reuse_distance: keep a bucket needed again within this many elements
 
     @classmethod
-    def from_config(cls, zero_cfg: Any) -> GatherPolicy:
+    def from_config(cls, zero_cfg: ZeroConfig) -> GatherPolicy:
         """From the ``zero_optimization`` block."""
         return cls(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
                    max_live=int(zero_cfg.stage3_max_live_parameters),

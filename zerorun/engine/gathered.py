@@ -21,13 +21,19 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zerorun.config.load import Source
+    from zerorun.engine.comm.collectives import Collectives
 
 _DEPTH = "_zr_init_depth"
 
@@ -41,7 +47,7 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def _shards_parameters(config: Any, world_size: int) -> bool:
+def _shards_parameters(config: Source, world_size: int) -> bool:
     """Whether ``config``'s stage shards parameters (no config: ``Init`` is asked to shard, so it does)."""
     if config is None:
         return True
@@ -54,14 +60,14 @@ def _shards_parameters(config: Any, world_size: int) -> bool:
 class Init:
     """``with zero.Init(config=cfg): model = Big()`` - build a stage-3 model already sharded."""
 
-    def __init__(self, module: nn.Module | None = None, config: Any = None, enabled: bool = True,
-                 config_dict_or_path: Any = None, **kwargs: Any) -> None:
+    def __init__(self, module: nn.Module | None = None, config: Source = None, enabled: bool = True,
+                 config_dict_or_path: Source = None, **kwargs: Any) -> None:
         self.config = config if config is not None else config_dict_or_path
         self.enabled = enabled
-        self.coll: Any = None
+        self.coll: Collectives | None = None
         self.device: torch.device | None = None
         self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
-        self._patched: list[tuple[type, Any]] = []
+        self._patched: list[tuple[type, Callable[..., None]]] = []  # each class's own __init__
         self._had_init_subclass = False
         if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
             with self:
@@ -94,7 +100,7 @@ class Init:
         nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for cls, orig in reversed(self._patched):
             cls.__init__ = orig  # type: ignore[misc]
         self._patched.clear()
@@ -154,7 +160,7 @@ class Init:
                 b.release()
 
 
-def _as_list(params: Any) -> list[torch.Tensor]:
+def _as_list(params: torch.Tensor | Iterable[torch.Tensor] | None) -> list[torch.Tensor]:
     if params is None:
         return []
     if torch.is_tensor(params):
@@ -163,7 +169,8 @@ def _as_list(params: Any) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802
+def GatheredParameters(params: torch.Tensor | Iterable[torch.Tensor] | None,  # noqa: N802
+                       modifier_rank: int | None = None, fwd_module: nn.Module | None = None,
                        enabled: bool = True) -> Iterator[None]:
     """Gather partitioned ``params`` on every rank; with ``modifier_rank``, that rank's edits land everywhere."""
     buckets: dict[int, PartitionedBucket] = {}

@@ -71,13 +71,16 @@ import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd import Variable
 
 from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.comm.collectives import Collectives, Pending
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ class _ZeroGradRoute:
     plain ``zero_grad``: the copy has no engine.
     """
 
-    def __init__(self, owner: Any, on_zero: Callable[[], None]) -> None:
+    def __init__(self, owner: nn.Module | torch.optim.Optimizer, on_zero: Callable[[], None]) -> None:
         self.owner = owner
         self.plain = type(owner).zero_grad
         self.on_zero = on_zero
@@ -203,7 +206,7 @@ class _ZeroGradRoute:
         return functools.partial, (self.plain, self.owner)
 
 
-def route_zero_grad(owners: list[Any], sync: GradSyncBase) -> None:
+def route_zero_grad(owners: list[nn.Module | torch.optim.Optimizer], sync: GradSyncBase) -> None:
     """Make ``zero_grad()`` of each owner (the module, the optimizer) clear ``sync``'s gradients too."""
     for owner in owners:
         owner.zero_grad = _ZeroGradRoute(owner, sync.zero)

@@ -19,13 +19,16 @@ guard costs something only when it has something to do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from zerorun.engine.errors import EngineError
 from zerorun.engine.param_state import ParamState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _PLUMBING = frozenset({
     "__get__", "__set__", "__delete__", "size", "dim", "numel", "element_size", "is_floating_point",
@@ -42,7 +45,8 @@ class ShardedParameterError(EngineError):
 
 class ZeroParameter(nn.Parameter):
     @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(cls, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (),
+                           kwargs: dict | None = None) -> Any:  # what ``func`` returns
         if getattr(func, "__name__", "") not in _PLUMBING:
             # keyword arguments too: torch.nn.init passes the tensor as ``tensor=``
             for a in (*args, *(kwargs or {}).values()):

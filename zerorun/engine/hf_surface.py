@@ -7,17 +7,20 @@ then for the consolidated state dict; both read the engine's own config and para
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
+
 
 class HfSurface:
-    def zero_gather_16bit_weights_on_model_save(self: Any) -> bool:
+    def zero_gather_16bit_weights_on_model_save(self: Engine) -> bool:
         """``zero_optimization.stage3_gather_16bit_weights_on_model_save``."""
         return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
 
-    def _zero3_consolidated_16bit_state_dict(self: Any, exclude_frozen_parameters: bool = False
+    def _zero3_consolidated_16bit_state_dict(self: Engine, exclude_frozen_parameters: bool = False
                                              ) -> dict[str, torch.Tensor] | None:
         """The full 16-bit state dict on rank 0 and ``None`` elsewhere, as DeepSpeed's; every rank calls it."""
         from zerorun.engine.save16 import consolidated_state_dict

@@ -12,7 +12,7 @@ so the first forward's order is recorded and later ones prefetch along it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,11 @@ from zerorun.engine.gather import GatherCoordinator, GatherPolicy
 from zerorun.engine.policy import StagePolicy
 from zerorun.engine.precision import PrecisionPolicy
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from zerorun.config.schema_zero import ZeroConfig
+
 _HINT = ("pass optimizer= to initialize() or add an `optimizer` block to the config to train this model; "
          "an engine built without one runs forward passes only")
 
@@ -32,7 +37,7 @@ _HINT = ("pass optimizer= to initialize() or add an `optimizer` block to the con
 class _NoGradients:
     """The gradient-sync slot of an engine that never reduces gradients."""
 
-    boundary: Any = None
+    boundary: Callable[[], bool] | None = None
     unscaled_passes = 0
 
     def zero(self) -> None:
@@ -57,7 +62,7 @@ class _NoOptimizer:
 
 
 def build_inference_parts(module: nn.Module, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,
-                          zero_cfg: Any, device: torch.device) -> Parts:
+                          zero_cfg: ZeroConfig, device: torch.device) -> Parts:
     if not stage.shard_parameters:
         with torch.no_grad():  # every rank computes with rank 0's weights, as after a training engine's build
             for t in {id(t): t for t in (*module.parameters(), *module.buffers())}.values():

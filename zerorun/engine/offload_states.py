@@ -21,11 +21,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from zerorun.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from zerorun.engine.buckets import FlatBucket
+    from zerorun.engine.engine import Engine
+    from zerorun.engine.partition import PartitionedBucket
 
 
 class OffloadDeviceEnum(str, Enum):
@@ -59,11 +64,12 @@ def _move(t: torch.Tensor, device: torch.device, pin: bool, non_blocking: bool) 
 class StateMover:
     """Remembers where each moved group of tensors lived, so ``reload`` puts it back."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.home: dict[S, torch.device] = {}
 
-    def offload(self, include: Iterable[Any] | None, device: Any, pin_memory: bool, non_blocking: bool) -> None:
+    def offload(self, include: Iterable[OffloadStateTypeEnum | str] | None,
+                device: OffloadDeviceEnum | str, pin_memory: bool, non_blocking: bool) -> None:
         target = OffloadDeviceEnum(device.value if isinstance(device, OffloadDeviceEnum) else device)
         if target is OffloadDeviceEnum.none:
             warnings.warn("offload_states(device='none'): nothing to do", stacklevel=3)
@@ -113,7 +119,7 @@ class StateMover:
         return home
 
     @staticmethod
-    def _move_bucket(b: Any, device: torch.device, pin: bool, nb: bool) -> None:
+    def _move_bucket(b: FlatBucket | PartitionedBucket, device: torch.device, pin: bool, nb: bool) -> None:
         if getattr(b, "local", None) is not None:  # a stage-3 bucket: the resting shard
             b.local = _move(b.local, device, pin, nb)
             if b.state.name != "GATHERED":

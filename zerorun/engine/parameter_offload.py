@@ -24,11 +24,14 @@ so every module's ``ds_external_parameters()`` is empty.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from zerorun.engine.gather import GatherCoordinator, Unit
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 
 def _no_external_parameters() -> tuple[()]:
@@ -65,21 +68,21 @@ class ParameterOffload:
     def __init__(self, module: nn.Module, coordinator: GatherCoordinator, units: list[Unit]) -> None:
         self.module = module
         self.param_coordinator = TraceHandle(coordinator)
-        self.backward_hooks: list[Any] = []
+        self.backward_hooks: list[RemovableHandle] = []
         self._coordinator = coordinator
         self._units = units
         for m in module.modules():
             m.ds_external_parameters = _no_external_parameters
 
     @property
-    def forward_hooks(self) -> list[Any]:
+    def forward_hooks(self) -> list[RemovableHandle]:
         return self._coordinator.handles
 
     @forward_hooks.setter
-    def forward_hooks(self, handles: list[Any]) -> None:
+    def forward_hooks(self, handles: list[RemovableHandle]) -> None:
         self._coordinator.handles = list(handles)
 
-    def _register_deepspeed_module(self, module: nn.Module, count: Any = None) -> None:
+    def _register_deepspeed_module(self, module: nn.Module, count: list[int] | None = None) -> None:
         """Attach the coordinator's hooks to ``module``'s units again (after they were removed)."""
         if module is not self.module:
             raise ValueError("zerorun re-attaches stage-3 hooks to the engine's own module only")

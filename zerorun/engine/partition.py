@@ -31,7 +31,7 @@ step (no master, no gradient reduction).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -42,6 +42,9 @@ from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.guard import guard, unguard
 from zerorun.engine.param_state import ParamState, check_transition
 from zerorun.engine.placement import to_device
+
+if TYPE_CHECKING:
+    from zerorun.engine.offload.params import ParamOffload
 
 BUCKET_ATTR = "zr_bucket"
 
@@ -85,7 +88,7 @@ class PartitionedBucket(FlatBucket):
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
         self._version = 0  # the full buffer's autograd version before the refill in flight
-        self.offload: Any = None  # a ParamOffload holding the resting shard (offload_param), else None
+        self.offload: ParamOffload | None = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
         for p in params:

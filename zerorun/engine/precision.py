@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from zerorun.engine import loss_scaler
 from zerorun.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from zerorun.config.schema import ZerorunConfig
 
 _COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -34,7 +37,7 @@ class PrecisionPolicy:
         return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.compute_dtype]
 
 
-def from_config(cfg: Any) -> PrecisionPolicy:
+def from_config(cfg: ZerorunConfig) -> PrecisionPolicy:
     fp16, bf16 = cfg.fp16.enabled, cfg.bf16.enabled
     if fp16 and bf16:
         raise EngineError("fp16.enabled and bf16.enabled are both true",

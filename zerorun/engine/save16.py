@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from torch import nn
 from zerorun.engine.errors import EngineError
 from zerorun.engine.param_state import ParamState
 from zerorun.engine.partition import bucket_of
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
 
 
 def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
@@ -46,7 +49,8 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
     return out
 
 
-def consolidated_state_dict(engine: Any, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+def consolidated_state_dict(engine: Engine,
+                            exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
     """The full state dict in the compute dtype, on CPU, on every rank (a collective at stage 3)."""
     zero = engine.config.zero_optimization
     if engine.stage.shard_parameters:
@@ -60,7 +64,7 @@ def consolidated_state_dict(engine: Any, exclude_frozen_parameters: bool = False
             if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
 
 
-def save_16bit_model(engine: Any, save_dir: str, save_filename: str = "pytorch_model.bin",
+def save_16bit_model(engine: Engine, save_dir: str, save_filename: str = "pytorch_model.bin",
                      exclude_frozen_parameters: bool = False) -> bool:
     state = consolidated_state_dict(engine, exclude_frozen_parameters)
     if engine.ctx.rank == 0:

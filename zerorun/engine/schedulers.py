@@ -18,11 +18,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from zerorun.engine.errors import EngineError
+
+
+class LRSchedulerLike(Protocol):
+    """What the engine asks of a learning-rate scheduler: DeepSpeed's contract, an object with ``step()``
+    (a checkpoint also carries its ``state_dict()`` where it has one)."""
+
+    def step(self) -> object: ...
+
+
+class Schedule(Protocol):
+    """A schedule :class:`Scheduler` applies: the learning rate at ``step`` from a group's base rate
+    (:class:`OneCycle` also cycles ``betas``)."""
+
+    def lr(self, step: int, base_lr: float) -> float: ...
 
 
 def _warmup_gamma(step: int, warmup_steps: int, warmup_type: str) -> float:
@@ -35,7 +49,7 @@ def _warmup_gamma(step: int, warmup_steps: int, warmup_type: str) -> float:
     return math.log(step + 1) / math.log(n)  # "log", and DeepSpeed's fallback for unknown types
 
 
-def _check_warmup_steps(value: Any) -> None:
+def _check_warmup_steps(value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise EngineError(f"scheduler warmup_num_steps must be a positive integer, got {value!r}",
                           "set scheduler.params.warmup_num_steps to e.g. 1000")
@@ -208,7 +222,7 @@ _SCHEDULES = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR, "WarmupCosin
 class Scheduler:
     """Applies a schedule to every parameter group of an optimizer; DeepSpeed-like ``step``/``get_lr``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Schedule) -> None:
         self.optimizer = optimizer
         self.schedule = schedule
         self.base_lrs = [g["lr"] for g in optimizer.param_groups]

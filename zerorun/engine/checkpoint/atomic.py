@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import torch
 
@@ -49,7 +49,7 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def torch_save(obj: Any, path: Path) -> int:
+def torch_save(obj: object, path: Path) -> int:
     """``torch.save`` ``obj`` to ``path`` atomically; returns the bytes written."""
     return _write_with(path, lambda f: torch.save(obj, f))
 

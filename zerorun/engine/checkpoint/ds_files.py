@@ -20,7 +20,7 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -35,15 +35,15 @@ _MODEL3 = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 class DeepSpeedObject:
     """Stand-in for a pickled DeepSpeed object: keeps its constructor arguments and its state."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> DeepSpeedObject:
+    def __new__(cls, *args: Any, **kwargs: object) -> DeepSpeedObject:
         obj = super().__new__(cls)
         obj.args = args
         return obj
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         self.state = state
 
     def __int__(self) -> int:  # ZeroStageEnum(1) unpickles as DeepSpeedObject(1)
@@ -51,7 +51,7 @@ class DeepSpeedObject:
 
 
 class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> Any:  # any global: a class, a function
         if module == "deepspeed" or module.startswith("deepspeed."):
             return type(name, (DeepSpeedObject,), {"__module__": "zerorun.engine.checkpoint.ds_files"})
         return super().find_class(module, name)
@@ -63,7 +63,7 @@ class _PickleModule:
     Unpickler = _Unpickler
 
     @staticmethod
-    def load(file: Any, **kwargs: Any) -> Any:
+    def load(file: IO[bytes], **kwargs: Any) -> Any:  # whatever the file pickled
         return _Unpickler(file, **kwargs).load()
 
 

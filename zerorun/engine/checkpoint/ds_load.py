@@ -15,7 +15,7 @@ of the model-states file that is not DeepSpeed's). The global RNG is left alone
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,10 @@ from zerorun import __version__
 from zerorun.engine.checkpoint import state as small_state
 from zerorun.engine.checkpoint.ds_format import DeepSpeedState
 from zerorun.engine.checkpoint.manifest import BucketEntry, Manifest, ParamEntry
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
+    from zerorun.engine.schedulers import LRSchedulerLike
 
 # torch.optim flags that describe this run's kernels, not the training state: the loading engine keeps its own
 _IMPLEMENTATION_FLAGS = {"foreach", "fused", "capturable", "differentiable"}
@@ -54,7 +58,8 @@ def _bucket_payload(ds: DeepSpeedState, entry: BucketEntry) -> dict[str, Any]:
     return {"master": _flat([ds.masters[n] for n in names], entry.padded_numel), "state": opt}
 
 
-def _scheduler_state(saved: dict[str, Any] | None, scheduler: Any) -> dict[str, Any] | None:
+def _scheduler_state(saved: dict[str, Any] | None,
+                     scheduler: LRSchedulerLike | None) -> dict[str, Any] | None:
     """DeepSpeed's schedulers save only ``last_batch_iteration``; the rest (zerorun's ``base_lrs``) is the
     loading engine's own, which comes from the same configuration."""
     if saved is None or scheduler is None or not hasattr(scheduler, "state_dict"):
@@ -62,7 +67,7 @@ def _scheduler_state(saved: dict[str, Any] | None, scheduler: Any) -> dict[str, 
     return {**scheduler.state_dict(), **saved}
 
 
-def _scaler_state(saved: dict[str, Any], engine: Any) -> dict[str, Any]:
+def _scaler_state(saved: dict[str, Any], engine: Engine) -> dict[str, Any]:
     """An fp16 engine continues from DeepSpeed's loss scale; bf16 and fp32 engines keep their unit scale."""
     state = asdict(engine.scaler)
     if engine.precision.name != "fp16" or "cur_scale" not in saved:
@@ -72,7 +77,7 @@ def _scaler_state(saved: dict[str, Any], engine: Any) -> dict[str, Any]:
             "hysteresis_left": int(saved.get("cur_hysteresis", state["hysteresis_left"]))}
 
 
-def _engine_state(ds: DeepSpeedState, engine: Any) -> dict[str, Any]:
+def _engine_state(ds: DeepSpeedState, engine: Engine) -> dict[str, Any]:
     saved = ds.model_state
     steps = int(saved.get("global_steps", 0))
     return {
@@ -86,7 +91,7 @@ def _engine_state(ds: DeepSpeedState, engine: Any) -> dict[str, Any]:
     }
 
 
-def as_zerorun(ds: DeepSpeedState, engine: Any) -> tuple[Manifest, dict[str, Any]]:
+def as_zerorun(ds: DeepSpeedState, engine: Engine) -> tuple[Manifest, dict[str, Any]]:
     """The manifest and the single rank file of a world-1 zerorun checkpoint equal to ``ds``."""
     buckets = tuple(_bucket(shapes, i) for i, shapes in enumerate(ds.groups))
     manifest = Manifest(world_size=1, stage=ds.stage, dtype="fp32", zerorun_version=__version__, buckets=buckets,

@@ -6,12 +6,15 @@ everything else works on the pure :mod:`manifest` entries.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from zerorun.engine.checkpoint.manifest import BucketEntry, ParamEntry
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
 
 
 def param_names(module: nn.Module) -> tuple[dict[int, str], dict[str, str]]:
@@ -26,7 +29,7 @@ def param_names(module: nn.Module) -> tuple[dict[int, str], dict[str, str]]:
     return names, aliases
 
 
-def engine_layout(engine: Any) -> tuple[tuple[BucketEntry, ...], dict[str, str]]:
+def engine_layout(engine: Engine) -> tuple[tuple[BucketEntry, ...], dict[str, str]]:
     names, aliases = param_names(engine.module)
     buckets = []
     for b in engine.parts.buckets:
@@ -36,7 +39,7 @@ def engine_layout(engine: Any) -> tuple[tuple[BucketEntry, ...], dict[str, str]]
     return tuple(buckets), aliases
 
 
-def owned_parts(engine: Any) -> tuple[int, int]:
+def owned_parts(engine: Engine) -> tuple[int, int]:
     """(parts, index): the masters hold chunk ``index`` of ``parts`` of every bucket."""
     masters = engine.parts.masters
     return (engine.ctx.world_size, engine.ctx.rank) if masters.sharded else (1, 0)
@@ -51,7 +54,7 @@ def chunk_of(flat: torch.Tensor, padded_numel: int, owned: tuple[int, int], worl
     return flat.reshape(-1).narrow(0, rank * size, size)
 
 
-def publish_masters(engine: Any) -> None:
+def publish_masters(engine: Engine) -> None:
     """Make the compute parameters equal the (just loaded) fp32 masters on every rank: the step's own
     publish (written into the owned chunks and all-gathered, or into the resting shards)."""
     engine.parts.masters.publish(engine.coll)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from zerorun.engine.checkpoint.manifest import (
 )
 from zerorun.engine.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
 
 
 def list_tags(root: Path) -> list[str]:
@@ -108,7 +111,8 @@ def scalar_state_device(group: dict[str, Any], param_device: torch.device) -> to
     return param_device if group.get("fused") or group.get("capturable") else torch.device("cpu")
 
 
-def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, Any]], optimizer_states: bool) -> None:
+def _fill(engine: Engine, copies: list[reshard.Copy], files: dict[int, dict[str, Any]],
+          optimizer_states: bool) -> None:
     masters = engine.parts.masters.masters
     if optimizer_states:
         for m in masters:
@@ -131,7 +135,7 @@ def _fill(engine: Any, copies: list[reshard.Copy], files: dict[int, dict[str, An
                         if torch.is_tensor(v) else v
 
 
-def load_checkpoint(engine: Any, load_dir: str | os.PathLike[str], tag: str | None = None,
+def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False, strict: bool = True,
                     load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
 from zerorun.engine.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
 
 PAUSE_ENV = "ZERORUN_TEST_CHECKPOINT_PAUSE_S"  # test hook: sleep after this rank's file is durable
 
@@ -51,7 +54,7 @@ def check_tag(tag: str) -> str:
     return tag
 
 
-def agree(engine: Any, error: BaseException | None, what: str) -> None:
+def agree(engine: Engine, error: BaseException | None, what: str) -> None:
     """All ranks learn whether every rank succeeded at ``what``; raise on all of them if not.
 
     Every failure of a step is caught and carried by this one all-reduce, so a rank that
@@ -75,7 +78,7 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
     return None
 
 
-def rank_payload(engine: Any, client_state: dict[str, Any]) -> dict[str, Any]:
+def rank_payload(engine: Engine, client_state: dict[str, Any]) -> dict[str, Any]:
     """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
     parts, rank, world = engine.parts, engine.ctx.rank, engine.ctx.world_size
     owned = layout.owned_parts(engine)
@@ -93,7 +96,7 @@ def rank_payload(engine: Any, client_state: dict[str, Any]) -> dict[str, Any]:
     return {"rank": rank, "buckets": buckets, "engine": state.capture(engine), "client_state": client_state}
 
 
-def write_extra(engine: Any, staging: Path) -> None:
+def write_extra(engine: Engine, staging: Path) -> None:
     """Rank 0: the module's buffers and frozen parameters (replicated, so written once)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
@@ -107,7 +110,7 @@ def write_recovery_script(root: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _commit(engine: Any, root: Path, tag: str, save_latest: bool) -> None:
+def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
     """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
@@ -127,7 +130,7 @@ def _commit(engine: Any, root: Path, tag: str, save_latest: bool) -> None:
         atomic.write_text(root / LATEST, tag)
 
 
-def save_checkpoint(engine: Any, save_dir: str | os.PathLike[str], tag: str | None = None,
+def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str | None = None,
                     client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
     """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it."""
     root = Path(save_dir)

@@ -12,11 +12,14 @@ import random
 import sys
 import warnings
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zerorun.engine import loss_scaler
+
+if TYPE_CHECKING:
+    from zerorun.engine.engine import Engine
 
 
 def capture_rng() -> dict[str, Any]:
@@ -55,7 +58,7 @@ def restore_cuda_rng(states: list[torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state, index)
 
 
-def capture(engine: Any) -> dict[str, Any]:
+def capture(engine: Engine) -> dict[str, Any]:
     sched = engine.lr_scheduler
     return {
         "counters": {"global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
@@ -68,7 +71,7 @@ def capture(engine: Any) -> dict[str, Any]:
     }
 
 
-def _loader_state(engine: Any) -> dict[str, Any] | None:
+def _loader_state(engine: Engine) -> dict[str, Any] | None:
     loader = getattr(engine, "training_dataloader", None)
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
 
@@ -82,7 +85,7 @@ def describe(saved: dict[str, Any]) -> str:
     return text
 
 
-def restore(engine: Any, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
+def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
             rng_state: bool = False) -> None:
     counters = saved["counters"]
     engine.global_steps = counters["global_steps"]

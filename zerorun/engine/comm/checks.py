@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from zerorun.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from zerorun.engine.comm.work import Work
 
 CHECK_ENV = "ZERORUN_CHECK_COLLECTIVES"
 MODES = frozenset({"deferred", "device", "native"})
@@ -82,7 +85,7 @@ def _still_poisoned(t: torch.Tensor) -> bool:
 class DeferredWork:
     """An asynchronous collective whose buffer the engine may not touch until :meth:`wait`."""
 
-    def __init__(self, kind: str, buffer: torch.Tensor, staged: torch.Tensor, work: Any) -> None:
+    def __init__(self, kind: str, buffer: torch.Tensor, staged: torch.Tensor, work: Work) -> None:
         self.kind = kind
         self.buffer = buffer
         self.staged = staged
@@ -103,7 +106,7 @@ class DeferredWork:
         self.buffer.copy_(self.staged)
 
 
-def defer(kind: str, buffer: torch.Tensor, issue: Callable[[torch.Tensor], Any]) -> DeferredWork:
+def defer(kind: str, buffer: torch.Tensor, issue: Callable[[torch.Tensor], Work]) -> DeferredWork:
     """Issue ``issue`` on a copy of ``buffer`` taken now, and poison ``buffer`` until the wait."""
     staged = buffer.clone()
     work = issue(staged)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,8 @@ from zerorun.engine.comm.checks import check_device, check_modes, defer
 from zerorun.engine.comm.counter import CommCounter
 from zerorun.engine.comm.shm import SharedLane
 from zerorun.engine.comm.work import Exchange, LaneWork, Pending
+
+_T = TypeVar("_T")  # all_gather_object: every rank's object, of the caller's type
 
 # torch's backward stashes a contextvars.Context in thread-local state under this key, and
 # every collective issued meanwhile (from a gradient hook) copies that state into its work.
@@ -232,7 +234,7 @@ class Collectives:
                     dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), peer, self.group)]
         return self._exchange(ops, None, async_op)
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: _T) -> list[_T]:
         """Every rank's ``obj`` (picklable), in rank order; uncounted (set-up and figures, not training)."""
         if not self._live():
             return [obj]

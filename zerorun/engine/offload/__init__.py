@@ -7,14 +7,23 @@ uses: it returns the masters unchanged without offload, else a wrapper (``host``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from zerorun.engine.offload.policy import OffloadError, OffloadPolicy, from_config
 
+if TYPE_CHECKING:
+    from zerorun.engine.masters import MasterShards
+    from zerorun.engine.offload.host import HostMasters
 
-def wrap_masters(masters: Any, policy: OffloadPolicy | None, optimizer: torch.optim.Optimizer) -> Any:
+    # what the engine steps: the stage's masters, or an offload wrapper (NvmeMasters is a HostMasters)
+    # that delegates the rest of MasterShards' interface
+    Masters: TypeAlias = MasterShards | HostMasters
+
+
+def wrap_masters(masters: MasterShards, policy: OffloadPolicy | None,
+                 optimizer: torch.optim.Optimizer) -> Masters:
     if policy is None or not policy.enabled:
         return masters
     if policy.device == "nvme":

@@ -31,7 +31,7 @@ class Transfers:
     def __init__(self, pin_memory: bool, cuda: ModuleType | Any = torch.cuda) -> None:
         self.cuda = cuda
         self.pins = bool(pin_memory) and bool(cuda.is_available())
-        self._pending: Any = None  # event after the last queued copy (see ``copy``)
+        self._pending: torch.cuda.Event | None = None  # event after the last queued copy (see ``copy``)
         self.syncs = 0  # host waits, for tests and figures
         self._ring: list[torch.Tensor] = []  # pinned buffers of staged(), reused
         self._turn = 0
@@ -47,7 +47,7 @@ class Transfers:
     def on_host(t: torch.Tensor) -> bool:
         return t.device.type == "cpu"
 
-    def _fence(self) -> Any:
+    def _fence(self) -> torch.cuda.Event:
         event = self.cuda.Event()
         event.record()  # on the current stream, after everything issued on it so far
         return event

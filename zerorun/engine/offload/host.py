@@ -13,18 +13,21 @@ device, so the path runs but moves nothing; the GPU copies are exercised only on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.offload.policy import OffloadPolicy
 
+if TYPE_CHECKING:
+    from zerorun.engine.masters import MasterShards
+
 
 class HostMasters:
     """The wrapped masters with their data in host memory; anything not overridden is delegated."""
 
-    def __init__(self, inner: Any, policy: OffloadPolicy) -> None:
+    def __init__(self, inner: MasterShards, policy: OffloadPolicy) -> None:
         assert not inner.alias, "offloaded masters must be separate copies (build them with alias=False)"
         self.inner = inner
         self.policy = policy
@@ -34,7 +37,7 @@ class HostMasters:
             if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
                 b.master = m.data
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # the wrapped masters' attribute, whatever it is
         return getattr(self.inner, name)
 
     def to_host(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from zerorun.engine.offload.host import HostMasters
 from zerorun.engine.offload.policy import OffloadPolicy
 from zerorun.engine.offload.swapper import Swapper
 from zerorun.engine.physical_memory import trim_heap
+
+if TYPE_CHECKING:
+    from zerorun.engine.masters import MasterShards
 
 
 def release_freed_memory() -> None:
@@ -38,18 +41,18 @@ def release_freed_memory() -> None:
 _STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd": 1, "adagrad": 1, "rmsprop": 2}  # for the space check
 
 
-def swap_bytes(masters: Any, optimizer: torch.optim.Optimizer) -> int:
+def swap_bytes(masters: MasterShards, optimizer: torch.optim.Optimizer) -> int:
     """Bytes of swap this rank needs: the fp32 masters and each optimizer-state tensor of their size."""
     states = _STATES_PER_PARAM.get(type(optimizer).__name__.lower(), 2)
     return sum(m.numel() * 4 for m in masters.masters) * (1 + states)
 
 
-def _is_shard(v: Any, numel: int) -> bool:
+def _is_shard(v: object, numel: int) -> bool:
     return torch.is_tensor(v) and v.numel() == numel and numel > 1
 
 
 class NvmeMasters(HostMasters):
-    def __init__(self, inner: Any, policy: OffloadPolicy, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, inner: MasterShards, policy: OffloadPolicy, optimizer: torch.optim.Optimizer) -> None:
         super().__init__(inner, policy)
         assert policy.nvme_path is not None
         self.optimizer = optimizer

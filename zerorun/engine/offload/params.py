@@ -26,7 +26,7 @@ host copies are same-device no-ops; the GPU copies run only on a GPU.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -34,10 +34,15 @@ from zerorun.engine.offload.nvme import release_freed_memory
 from zerorun.engine.offload.policy import OffloadPolicy, policy_for
 from zerorun.engine.offload.swapper import Swapper
 
+if TYPE_CHECKING:
+    from zerorun.config.schema_zero import ZeroConfig
+    from zerorun.engine.partition import PartitionedBucket
+
 KEY = "zero_optimization.offload_param"
+_T = TypeVar("_T")  # what a swap future resolves to: a read's tensor, a write's None
 
 
-def param_policy(zero: Any) -> OffloadPolicy:
+def param_policy(zero: ZeroConfig) -> OffloadPolicy:
     """The parameter-offload policy of a ``zero_optimization`` config block (stage 3 only)."""
     return policy_for(zero, "offload_param", (3,))
 
@@ -45,7 +50,7 @@ def param_policy(zero: Any) -> OffloadPolicy:
 class ParamOffload:
     """The resting shards of a list of buckets, in host memory or swap files."""
 
-    def __init__(self, policy: OffloadPolicy, buckets: list[Any]) -> None:
+    def __init__(self, policy: OffloadPolicy, buckets: list[PartitionedBucket]) -> None:
         assert policy.enabled
         self.policy = policy
         self.buckets = [b for b in buckets if not b.persistent]
@@ -70,7 +75,7 @@ class ParamOffload:
         return self.swapper is not None
 
     # ---- bucket hooks -----------------------------------------------------------------------
-    def store(self, bucket: Any, shard: torch.Tensor) -> None:
+    def store(self, bucket: PartitionedBucket, shard: torch.Tensor) -> None:
         """The bucket's new resting shard (compute dtype): into host memory, or written to its file."""
         i = self.index[id(bucket)]
         if self.swapper is None:
@@ -83,7 +88,7 @@ class ParamOffload:
         self.writes.append(self.swapper.write(f"p{i}", self.copies.host_copy(shard, self.meta[i][1])))
         bucket.local = torch.empty(0, dtype=self.meta[i][1], device="cpu")
 
-    def read_ahead(self, bucket: Any) -> None:
+    def read_ahead(self, bucket: PartitionedBucket) -> None:
         """Start reading the bucket's shard (nvme) so that :meth:`fetch` finds it in flight."""
         if self.swapper is None or id(bucket) not in self.index:
             return
@@ -93,7 +98,7 @@ class ParamOffload:
             self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
             self.read_aheads += 1
 
-    def fetch(self, bucket: Any) -> torch.Tensor:
+    def fetch(self, bucket: PartitionedBucket) -> torch.Tensor:
         """The bucket's resting shard, ready to copy into its gather buffer (host; pinned when pinning)."""
         if self.swapper is None:
             return bucket.local
@@ -104,7 +109,7 @@ class ParamOffload:
         return self.copies.staged(self._wait(self.reads.pop(i)))  # pinned through a fixed ring: no growth
 
     # ---- life cycle ---------------------------------------------------------------------------
-    def _wait(self, future: Future[Any]) -> Any:
+    def _wait(self, future: Future[_T]) -> _T:
         try:
             return future.result()
         except BaseException:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from zerorun.engine.errors import EngineError
 from zerorun.engine.offload.copies import Transfers
+
+if TYPE_CHECKING:
+    from zerorun.config.schema_zero import ZeroConfig
 
 Device = Literal["none", "cpu", "nvme"]
 
@@ -50,7 +53,7 @@ class OffloadPolicy:
         return self.transfers().host_copy(t, torch.float32)
 
 
-def policy_for(zero: Any, name: str, stages: tuple[int, ...]) -> OffloadPolicy:
+def policy_for(zero: ZeroConfig, name: str, stages: tuple[int, ...]) -> OffloadPolicy:
     """The policy of the ``zero_optimization.<name>`` offload block, allowed at ``stages``.
 
     The config's own rules reject these cases first; the checks here keep the engine
@@ -77,6 +80,6 @@ def policy_for(zero: Any, name: str, stages: tuple[int, ...]) -> OffloadPolicy:
                          Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 4))))
 
 
-def from_config(zero: Any) -> OffloadPolicy:
+def from_config(zero: ZeroConfig) -> OffloadPolicy:
     """The optimizer-offload policy of a ``zero_optimization`` config block (stages 1-3)."""
     return policy_for(zero, "offload_optimizer", (1, 2, 3))

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zerorun.engine.offload import Masters
 
 
 @contextlib.contextmanager
-def resident(masters: Any) -> Iterator[None]:
+def resident(masters: Masters) -> Iterator[None]:
     enter = getattr(masters, "resident", None)
     if enter is None:
         yield
