@@ -6,7 +6,7 @@ Run with a Python that has DeepSpeed (see shared/peers/README.md for the CPU ven
 
 For each case it prints the first mismatch (or "match") between the lr every optimizer step
 uses under DeepSpeed (its scheduler as DeepSpeed's engine drives it: built, then stepped
-after each optimizer step) and under zerorun's :class:`zerorun.engine.schedulers.Scheduler`.
+after each optimizer step) and under zerorun's :class:`zerorun.engine.training.schedulers.Scheduler`.
 The pinned figures in tests/compat/test_compat_schedulers.py were taken from this script's output.
 """
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deepspeed.runtime import lr_schedules  # noqa: E402
 
-from zerorun.engine.schedulers import build_scheduler  # noqa: E402
+from zerorun.engine.training.schedulers import build_scheduler  # noqa: E402
 
 CASES = [
     ("WarmupLR", {"warmup_min_lr": 0.01, "warmup_max_lr": 0.1, "warmup_num_steps": 5, "warmup_type": "linear"}),

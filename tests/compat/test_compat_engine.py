@@ -1,4 +1,4 @@
-"""DeepSpeed's engine accessors (zerorun/engine/ds_surface.py): what they report, no_sync parity.
+"""DeepSpeed's engine accessors (zerorun/engine/surface/ds_surface.py): what they report, no_sync parity.
 
 Single-process tests read the accessors after real steps; the spawned test checks that
 ``no_sync`` at stages 0 and 1 gives, on 2 ranks, exactly the parameters of a single-process

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import zerorun
-from zerorun.engine.schedulers import build_scheduler
+from zerorun.engine.training.schedulers import build_scheduler
 
 DEEPSPEED_0_19_8 = [
     ("WarmupLR", {'warmup_min_lr': 0.01, 'warmup_max_lr': 0.1, 'warmup_num_steps': 5, 'warmup_type': 'linear'},

@@ -218,7 +218,7 @@ def test_initialize_takes_deepspeeds_parameter_order() -> None:
 
 def test_zero_init_takes_deepspeeds_arguments() -> None:
     from zerorun.compat.zero_init import Init, register_external_parameter
-    from zerorun.engine.partition import bucket_of
+    from zerorun.engine.mechanism.partition import bucket_of
 
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}

@@ -1,11 +1,11 @@
-"""The bucket planner's alignment and its NCCL sizes (zerorun.engine.buckets), pure."""
+"""The bucket planner's alignment and its NCCL sizes (zerorun.engine.mechanism.buckets), pure."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from zerorun.engine.buckets import (
+from zerorun.engine.mechanism.buckets import (
     ALIGN_BYTES,
     ALIGN_ELEMENTS,
     MAX_BUCKET_NUMEL,

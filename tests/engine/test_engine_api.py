@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import zerorun
-from zerorun.engine.buckets import ALIGN_ELEMENTS
 from zerorun.engine.errors import EngineError
+from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS
 
 BASE = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6}
 

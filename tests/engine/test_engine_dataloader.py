@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.errors import EngineError
+from zerorun.engine.training.dataloader import build_dataloader
 
 DATA = TensorDataset(torch.arange(48).float())
 

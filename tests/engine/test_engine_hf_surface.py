@@ -76,7 +76,7 @@ def _attrs(p: nn.Parameter) -> dict:
 def _attribute_case(rank: int) -> dict:
     import zerorun
     from zerorun.compat.params import is_zero_param
-    from zerorun.engine.partition import bucket_of
+    from zerorun.engine.mechanism.partition import bucket_of
 
     engine, *_ = zerorun.initialize(model=_net(), config=_config(3, optimizer=True))
     module = engine.module
@@ -141,8 +141,8 @@ def _generation_case(rank: int) -> dict:
     from trl.models.utils import add_hooks, remove_hooks
 
     import zerorun
-    from zerorun.engine.param_state import ParamState
-    from zerorun.engine.partition import bucket_of
+    from zerorun.engine.mechanism.param_state import ParamState
+    from zerorun.engine.mechanism.partition import bucket_of
 
     engine, *_ = zerorun.initialize(model=_net(), config=_config(3, optimizer=True))
     module, coordinator = engine.module, engine.parts.coordinator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from zerorun.engine.optim_factory import build_optimizer
+from zerorun.engine.training.optim_factory import build_optimizer
 
 
 def _params() -> list[torch.nn.Parameter]:

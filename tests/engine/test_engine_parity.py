@@ -26,9 +26,9 @@ import torch
 
 from tests.dist_harness import assert_matches_reference, run_distributed
 from tests.engine.test_engine_cases import STEPS, all_cases, reference, train_case
-from zerorun.engine.buckets import ALIGN_ELEMENTS
 from zerorun.engine.comm.checks import CHECK_ENV
 from zerorun.engine.comm.shm import ENV_SWITCH
+from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS
 
 CASES = all_cases()
 

@@ -1,6 +1,6 @@
 """A plain ``loss.backward()`` and ``model/optimizer.zero_grad()`` at every stage, against one process.
 
-Semantics under test (see zerorun/engine/grad_sync.py):
+Semantics under test (see zerorun/engine/mechanism/grad_sync.py):
 * plain ``loss.backward()`` (no ``engine.backward``) reduces the gradients at every stage:
   averaged over ranks, *not* divided by the accumulation steps (as DeepSpeed), so with
   accumulation g the step uses the sum of the g micro-steps' rank-averaged gradients;
@@ -175,7 +175,7 @@ def test_routed_zero_grad_survives_deepcopy_and_pickle() -> None:
     import copy
     from types import SimpleNamespace
 
-    from zerorun.engine.grad_sync import route_zero_grad
+    from zerorun.engine.mechanism.grad_sync import route_zero_grad
 
     calls: list[int] = []
     model = make_model()

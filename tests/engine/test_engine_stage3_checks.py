@@ -23,7 +23,7 @@ from tests.engine.test_engine_stage3_cases import (
 
 def _init_checks(rank: int, world: int) -> dict:
     import zerorun
-    from zerorun.engine.partition import bucket_of
+    from zerorun.engine.mechanism.partition import bucket_of
 
     case = Case("gpt", "fp32", 1, False, False)
     with zerorun.zero.Init(config=case.config()):
@@ -44,7 +44,7 @@ def _init_checks(rank: int, world: int) -> dict:
 
 def _gathered_checks(rank: int) -> dict:
     import zerorun
-    from zerorun.engine.partition import bucket_of
+    from zerorun.engine.mechanism.partition import bucket_of
 
     model = make_model("mlp")
     zerorun.initialize(model=model, config=Case("mlp", "bf16", 1, False, False).config())
@@ -74,7 +74,7 @@ def _gathered_checks(rank: int) -> dict:
 
 def _memory_checks(rank: int, world: int) -> dict:
     import zerorun
-    from zerorun.engine.partition import PartitionedBucket
+    from zerorun.engine.mechanism.partition import PartitionedBucket
 
     case = Case("deep", "fp32", 1, True, False)
     cfg = case.config()

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerorun.engine.param_state import ParamState
+from zerorun.engine.mechanism.param_state import ParamState
 
 WIDTH, CLASSES = 12, 5
 

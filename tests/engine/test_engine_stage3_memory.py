@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from zerorun.engine.param_state import ParamState
+from zerorun.engine.mechanism.param_state import ParamState
 
 WIDTH, RANK = 24, 4
 LR = 0.1  # SGD in the parity checks: Adam's first step turns gradients near its eps into large differences

@@ -15,7 +15,7 @@ parameters rtol 1e-5 elementwise and an L2 distance under 1e-4):
 Touched buckets are gathered on touch in the first step only: from then on the unit that
 touched them lists them (gathered and prefetched with it). Outside forward/backward the
 same reads fail with ShardedParameterError. The set-up test counts the bytes stage 3
-moves to the device (every move goes through ``zerorun.engine.placement.to_device``):
+moves to the device (every move goes through ``zerorun.engine.mechanism.placement.to_device``):
 at every move, what is on the device is at most the largest unit plus this rank's shards,
 and ``model.to(device)`` is never called on the whole model. There is no GPU here: the
 device is the CPU, so the bound is checked from the engine's own counted bytes, not from
@@ -146,7 +146,7 @@ def reference(case: Case, world: int) -> tuple[list[float], list[torch.Tensor]]:
 
 
 def _outside_access_fails(model: nn.Module, kind: str) -> bool:
-    from zerorun.engine.guard import ShardedParameterError
+    from zerorun.engine.mechanism.guard import ShardedParameterError
 
     w = {"gpt": lambda: model.blocks[0].attn.out_proj.weight, "reader": lambda: model.spare.weight,
          "lora": lambda: model.layers[0].base.weight}[kind]()
@@ -218,8 +218,8 @@ def _checkpoint_round_trip(engine, case: Case, rank: int, trained: list[torch.Te
 def setup_moves(init: bool) -> dict:
     """Count every set-up move to the device while a GPT is built (under zero.Init or not) and initialized."""
     import zerorun
-    from zerorun.engine.partition import PartitionedBucket
-    from zerorun.engine.placement import watch_moves
+    from zerorun.engine.mechanism.partition import PartitionedBucket
+    from zerorun.engine.mechanism.placement import watch_moves
 
     case = Case("gpt", 1, False)
     model_calls: list[str] = []

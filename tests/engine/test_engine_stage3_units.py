@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.guard import ShardedParameterError, ZeroParameter
-from zerorun.engine.param_state import ParamState, ParamStateError, check_transition
-from zerorun.engine.partition import bucket_of, unit_bucket
+from zerorun.engine.mechanism.guard import ShardedParameterError, ZeroParameter
+from zerorun.engine.mechanism.param_state import ParamState, ParamStateError, check_transition
+from zerorun.engine.mechanism.partition import bucket_of, unit_bucket
 
 
 def _bucket():
@@ -108,7 +108,7 @@ def test_zero_init_builds_on_the_engine_device_and_model_to_keeps_binding() -> N
     that each move is asked for with the engine's device and that the buckets are built from it."""
     import zerorun
     from zerorun.engine.comm.bootstrap import init_distributed
-    from zerorun.engine.placement import watch_moves
+    from zerorun.engine.mechanism.placement import watch_moves
 
     cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}

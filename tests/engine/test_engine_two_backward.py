@@ -1,6 +1,6 @@
 """Two backward passes per micro-step (a GAN's discriminator: real, then fake) at every stage, against one process.
 
-Semantics under test (see zerorun/engine/grad_sync.py): the step uses, per parameter, the
+Semantics under test (see zerorun/engine/mechanism/grad_sync.py): the step uses, per parameter, the
 sum over every backward pass since the last step of the rank-averaged gradients, the same
 as one backward of the summed loss; ``engine.backward`` divides each loss by the
 accumulation steps, a plain ``loss.backward()`` does not. The second pass of a boundary

@@ -8,13 +8,19 @@ import math
 import pytest
 import torch
 
-from zerorun.engine import loss_scaler
 from zerorun.engine.api import _config_from_argv, add_config_arguments, resolve_config_source
-from zerorun.engine.buckets import plan_buckets
 from zerorun.engine.errors import EngineError
-from zerorun.engine.grad_norm import clip_multiplier
+from zerorun.engine.mechanism.buckets import plan_buckets
+from zerorun.engine.numerics import loss_scaler
+from zerorun.engine.numerics.grad_norm import clip_multiplier
 from zerorun.engine.policy import policy_for_stage
-from zerorun.engine.schedulers import Scheduler, WarmupCosineLR, WarmupDecayLR, WarmupLR, build_scheduler
+from zerorun.engine.training.schedulers import (
+    Scheduler,
+    WarmupCosineLR,
+    WarmupDecayLR,
+    WarmupLR,
+    build_scheduler,
+)
 
 
 def test_plan_buckets_reverse_order_padding_and_big_params() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from zerorun.engine.comm.scheduler_env import JobEnv, first_host, job_env
 from zerorun.engine.errors import EngineError
-from zerorun.engine.scheduler_env import JobEnv, first_host, job_env
 
 
 def test_no_launcher_is_a_world_of_one() -> None:

@@ -13,7 +13,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import torch, zerorun
     from torch import nn
-    from zerorun.engine.guard import ShardedParameterError
+    from zerorun.engine.mechanism.guard import ShardedParameterError
 
     cfg = {"train_micro_batch_size_per_gpu": 1,
            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}

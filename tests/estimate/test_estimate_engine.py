@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tests.dist_harness import run_distributed
-from zerorun.engine.buckets import ALIGN_ELEMENTS
+from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS
 from zerorun.estimate import Buckets, Dtype, Placement, Training, buffer_terms, engine_breakdown
 
 WORLD = 2

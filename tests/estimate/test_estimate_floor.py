@@ -97,7 +97,7 @@ def test_the_estimate_counts_the_in_flight_terms_once() -> None:
 
 
 def test_the_bucket_cap_mirrors_the_engine() -> None:
-    from zerorun.engine.buckets import MAX_BUCKET_NUMEL as ENGINE_CAP
+    from zerorun.engine.mechanism.buckets import MAX_BUCKET_NUMEL as ENGINE_CAP
 
     assert MAX_BUCKET_NUMEL == ENGINE_CAP
     assert Buckets().reduce_bucket_size > MAX_BUCKET_NUMEL  # so on gloo the cap is what the default layout uses

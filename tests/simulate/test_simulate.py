@@ -158,8 +158,8 @@ def test_cpu_forward_peak_stays_within_shards_window_and_activations() -> None:
 
 @pytest.mark.parametrize("size", [7 * 10**9, 70 * 10**9])
 def test_setup_holds_one_module_whole_at_a_time(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from zerorun.engine.partition import PartitionedBucket
-    from zerorun.engine.placement import watch_moves
+    from zerorun.engine.mechanism.partition import PartitionedBucket
+    from zerorun.engine.mechanism.placement import watch_moves
 
     made: list[PartitionedBucket] = []
     orig_init = PartitionedBucket.__init__

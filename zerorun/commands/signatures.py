@@ -57,7 +57,7 @@ def optimizer_problems(cfg: ZerorunConfig) -> list[Problem]:
         warnings.simplefilter("ignore")
         import torch
 
-        from zerorun.engine.optim_factory import _CLASSES, _DROPPED
+        from zerorun.engine.training.optim_factory import _CLASSES, _DROPPED
 
     name, params = cfg.optimizer.type, dict(cfg.optimizer.params)
     cls = _CLASSES.get(name.lower())
@@ -75,7 +75,7 @@ def scheduler_problems(cfg: ZerorunConfig) -> list[Problem]:
     """What ``build_scheduler`` would reject in ``cfg.scheduler`` (the schedule's fields)."""
     if cfg.scheduler is None:
         return []
-    from zerorun.engine.schedulers import _SCHEDULES
+    from zerorun.engine.training.schedulers import _SCHEDULES
 
     name = cfg.scheduler.type
     cls = _SCHEDULES.get(name)

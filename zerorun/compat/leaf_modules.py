@@ -3,7 +3,7 @@
 MoE blocks (HF Mixtral, Qwen-MoE) run a data-dependent subset of their experts, so a
 per-module gather order recorded on one step is wrong on the next. A module flagged
 ``_z3_leaf`` (DeepSpeed's attribute, so models flagged for DeepSpeed work unchanged) is
-planned as one unit with all its descendants (:func:`zerorun.engine.units.plan_units`):
+planned as one unit with all its descendants (:func:`zerorun.engine.mechanism.units.plan_units`):
 everything under it is gathered before its forward. Flag modules before ``initialize``.
 """
 

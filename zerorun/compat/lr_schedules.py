@@ -2,7 +2,7 @@
 
 ``WarmupLR(optimizer, warmup_min_lr, ...)`` and friends take DeepSpeed's constructor
 arguments and step exactly as zerorun's engine steps its configured schedules (the
-counter starts at -1, see :mod:`zerorun.engine.schedulers`).
+counter starts at -1, see :mod:`zerorun.engine.training.schedulers`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from zerorun.engine import schedulers as sched
+from zerorun.engine.training import schedulers as sched
 
 WARMUP_LOG_RATE = "log"
 WARMUP_LINEAR_RATE = "linear"

@@ -1,15 +1,15 @@
 """``deepspeed.runtime.zero.partition_parameters``: ``ZeroParamStatus``, ``is_zero_param`` and a parameter's status.
 
 The per-parameter attributes themselves (``p.ds_status``, ``p.ds_numel``, ...) are kept by
-:mod:`zerorun.engine.ds_param_attrs`.
+:mod:`zerorun.engine.surface.ds_param_attrs`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from zerorun.engine.ds_param_attrs import ZeroParamStatus, is_zero_param, status_of
-from zerorun.engine.partition import bucket_of
+from zerorun.engine.mechanism.partition import bucket_of
+from zerorun.engine.surface.ds_param_attrs import ZeroParamStatus, is_zero_param, status_of
 
 
 def param_status(param: torch.Tensor) -> ZeroParamStatus:

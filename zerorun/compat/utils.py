@@ -23,7 +23,7 @@ from zerorun.compat.leaf_modules import (  # noqa: F401  deepspeed.utils exports
     z3_leaf_parameter,
 )
 from zerorun.compat.runtime_utils import RepeatingLoader  # noqa: F401  deepspeed.utils exports it
-from zerorun.engine import fragments
+from zerorun.engine.surface import fragments
 
 logger = logging.getLogger("DeepSpeed")
 if not logger.handlers:  # DeepSpeed's logger prints INFO to stdout with its own prefix
@@ -55,7 +55,7 @@ def print_json_dist(message: Any, ranks: Iterable[int] | None = None, path: str 
     log_dist(json.dumps(message), ranks)
 
 
-# ---- one parameter's engine state (zerorun.engine.fragments); the engine is found from the parameter ----
+# ---- one parameter's engine state (zerorun.engine.surface.fragments); the engine is found from the parameter ----
 # As in DeepSpeed: the full getters are collectives (every rank calls them), a parameter no
 # engine trains gives None, and the setters write this rank's fragment (the next step uses it).
 

@@ -23,22 +23,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from zerorun.engine import ds_param_attrs
-from zerorun.engine import precision as precision_mod
 from zerorun.engine.build import Parts, build_parts
 from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.dataloader import build_dataloader
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
-from zerorun.engine.grad_sync import ReducePolicy
 from zerorun.engine.inference import InferenceEngine, build_inference_parts
+from zerorun.engine.mechanism.grad_sync import ReducePolicy
+from zerorun.engine.numerics import precision as precision_mod
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
-from zerorun.engine.optim_factory import build_optimizer
-from zerorun.engine.parameter_offload import ParameterOffload
 from zerorun.engine.policy import policy_for_stage
-from zerorun.engine.schedulers import build_scheduler
+from zerorun.engine.surface import ds_param_attrs
+from zerorun.engine.surface.parameter_offload import ParameterOffload
+from zerorun.engine.training.dataloader import build_dataloader
+from zerorun.engine.training.optim_factory import build_optimizer
+from zerorun.engine.training.schedulers import build_scheduler
 from zerorun.engine.trial import trial_config
 
 if TYPE_CHECKING:
@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 
     from zerorun.config.load import Source
     from zerorun.config.schema import ZerorunConfig
-    from zerorun.engine.dataloader import TrainingDataLoader
+    from zerorun.engine.numerics.precision import PrecisionPolicy
     from zerorun.engine.policy import StagePolicy
-    from zerorun.engine.precision import PrecisionPolicy
-    from zerorun.engine.schedulers import LRSchedulerLike
+    from zerorun.engine.training.dataloader import TrainingDataLoader
+    from zerorun.engine.training.schedulers import LRSchedulerLike
 
     # DeepSpeed's model_parameters: tensors, or parameter-group dicts
     Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]

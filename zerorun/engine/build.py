@@ -5,7 +5,7 @@ One recipe for every stage; the policy answers its questions:
 1. **layout**: pack the trainable parameters into buckets per optimizer group - in layout
    order up to ``reduce_bucket_size`` (parameters replicated), or one bucket per module unit,
    sharded at rest, with the parameters the optimizer does not step in frozen buckets
-   (parameters sharded: :mod:`zerorun.engine.units`);
+   (parameters sharded: :mod:`zerorun.engine.mechanism.units`);
 2. every rank starts from rank 0's weights (the unit layout broadcasts unit by unit);
 3. **masters**: fp32 copies of the owned chunks (taken before the cast to the compute
    dtype), offloaded when the config says so; the optimizer is pointed at them;
@@ -23,20 +23,20 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from zerorun.engine.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
-from zerorun.engine.gather import GatherCoordinator, GatherPolicy, Unit
-from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.masters import MasterShards, PartitionedMasters
+from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
+from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
+from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.mechanism.masters import MasterShards, PartitionedMasters
+from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT
+from zerorun.engine.mechanism.units import plan_units
+from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.offload.params import ParamOffload
-from zerorun.engine.partition import PartitionedBucket
 from zerorun.engine.policy import StagePolicy
-from zerorun.engine.precision import PrecisionPolicy
-from zerorun.engine.sharded_grads import COALESCE_LIMIT
-from zerorun.engine.units import plan_units
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig
@@ -182,6 +182,6 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
 
 def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives, precision: PrecisionPolicy,
                 zero_cfg: ZeroConfig, device: torch.device) -> Layout:
-    """Stage 3's buckets, unit by unit (:func:`zerorun.engine.units.plan_units`)."""
+    """Stage 3's buckets, unit by unit (:func:`zerorun.engine.mechanism.units.plan_units`)."""
     plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
     return Layout(plan.buckets, plan.group_of_bucket, plan.frozen, plan.units, plan.modules)

@@ -5,7 +5,7 @@
     engine.step()           # steps the optimizer on the accumulation boundary only
 
 A plain ``loss.backward()`` reduces the gradients too (unscaled: see
-:mod:`zerorun.engine.grad_sync`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
+:mod:`zerorun.engine.mechanism.grad_sync`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
 drop the engine's gradients as ``engine.zero_grad()`` does.
 
 The engine holds the parts (buckets, master shards, gradient sync) and sequences them;
@@ -22,26 +22,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from zerorun.engine import fragments, loss_scaler, metrics, physical_memory
+from zerorun.engine import metrics, physical_memory
 from zerorun.engine.build import Parts
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.ds_surface import DeepSpeedSurface
 from zerorun.engine.errors import EngineError
-from zerorun.engine.grad_norm import clip_multiplier, global_norm_sq
-from zerorun.engine.grad_sync import route_zero_grad
-from zerorun.engine.hf_surface import HfSurface
-from zerorun.engine.masters import optimizer_state_bytes
+from zerorun.engine.mechanism.grad_sync import route_zero_grad
+from zerorun.engine.mechanism.masters import optimizer_state_bytes
+from zerorun.engine.numerics import loss_scaler
+from zerorun.engine.numerics.grad_norm import clip_multiplier, global_norm_sq
+from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.policy import StagePolicy
-from zerorun.engine.precision import PrecisionPolicy
+from zerorun.engine.surface import fragments
+from zerorun.engine.surface.ds_surface import DeepSpeedSurface
+from zerorun.engine.surface.hf_surface import HfSurface
 from zerorun.engine.trial import recorder_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from zerorun.config.schema import ZerorunConfig
-    from zerorun.engine.dataloader import TrainingDataLoader
-    from zerorun.engine.schedulers import LRSchedulerLike
+    from zerorun.engine.training.dataloader import TrainingDataLoader
+    from zerorun.engine.training.schedulers import LRSchedulerLike
 
 
 _T = TypeVar("_T")  # _cast_inputs: the same structure of inputs, floating tensors cast
@@ -217,7 +219,7 @@ class Engine(DeepSpeedSurface, HfSurface):
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
         """Write the full 16-bit (compute-dtype) state dict; rank 0 writes, stage 3 gathers unit by unit."""
-        from zerorun.engine.save16 import save_16bit_model
+        from zerorun.engine.checkpoint.save16 import save_16bit_model
 
         return save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
 

@@ -21,9 +21,9 @@ from zerorun.engine.build import Parts, unit_layout
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, rank_prefixed
-from zerorun.engine.gather import GatherCoordinator, GatherPolicy
+from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy
+from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.policy import StagePolicy
-from zerorun.engine.precision import PrecisionPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
-from zerorun.engine.full_grads import FullGradSync
-from zerorun.engine.gather import GatherCoordinator
-from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.sharded_grads import ShardedGradSync, UnitGradSync
+from zerorun.engine.mechanism.buckets import FlatBucket
+from zerorun.engine.mechanism.full_grads import FullGradSync
+from zerorun.engine.mechanism.gather import GatherCoordinator
+from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.mechanism.sharded_grads import ShardedGradSync, UnitGradSync
 
 
 @dataclass(frozen=True)

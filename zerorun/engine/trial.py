@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from zerorun.engine.buckets import MAX_BUCKET_NUMEL
+from zerorun.engine.mechanism.buckets import MAX_BUCKET_NUMEL
 from zerorun.trial.protocol import (
     TrialRecorder,
     TrialSpec,

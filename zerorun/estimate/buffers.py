@@ -58,7 +58,7 @@ def window_policy(buckets: Buckets) -> WindowPolicy:
                         buckets.stage3_prefetch_bucket_size, buckets.stage3_param_persistence_threshold)
 
 
-# Stages 0-2 lay buckets out at most this large (zerorun.engine.buckets.MAX_BUCKET_NUMEL, mirrored here
+# Stages 0-2 lay buckets out at most this large (zerorun.engine.mechanism.buckets.MAX_BUCKET_NUMEL, mirrored here
 # so the estimate needs no torch; a test holds the two equal).
 MAX_BUCKET_NUMEL = 2**21
 

@@ -14,7 +14,7 @@ gather it again. Per step the engine moves
     first step:  2 x non-persistent (forward + backward all-gathers) + all (reduce-scatter) + persistent
     later steps: the same, less what the window kept
 
-which is 3 Psi at ``stage3_max_reuse_distance`` 0 (mirrors :mod:`zerorun.engine.gather`).
+which is 3 Psi at ``stage3_max_reuse_distance`` 0 (mirrors :mod:`zerorun.engine.mechanism.gather`).
 
 A head tied to the token embedding (``held``) is filed under the root module, which holds
 it gathered from the start of forward to the end of backward from the second step on:

@@ -10,11 +10,11 @@ import torch
 
 from tests.engine.checkpoint.test_checkpoint_cases import CASES, build, train
 from tests.engine.test_engine_cases import Tiny
-from zerorun.engine.buckets import plan_buckets, round_up
 from zerorun.engine.checkpoint import CheckpointError, list_tags
 from zerorun.engine.checkpoint.atomic import write_text
 from zerorun.engine.checkpoint.manifest import BucketEntry, Manifest, ParamEntry, layout_differences
 from zerorun.engine.checkpoint.reshard import chunk_pieces, plan_copies, ranks_to_read
+from zerorun.engine.mechanism.buckets import plan_buckets, round_up
 
 
 def _layout(shapes: list[tuple[int, ...]], bucket: int, world: int) -> tuple[BucketEntry, ...]:

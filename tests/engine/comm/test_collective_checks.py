@@ -117,7 +117,7 @@ def test_two_ranks_in_the_deferred_nccl_policy() -> None:
 def _layouts(rank: int, world: int) -> dict[str, object]:
     import zerorun
     from tests.engine.test_engine_cases import MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
-    from zerorun.engine import buckets
+    from zerorun.engine.mechanism import buckets
 
     buckets.MAX_BUCKET_NUMEL = 64  # the gloo cap, shrunk to below this model (its 2^21 exceeds any test model)
     out: dict[str, object] = {}

@@ -26,7 +26,7 @@ from zerorun.engine.checkpoint.manifest import BucketEntry, Manifest, ParamEntry
 
 if TYPE_CHECKING:
     from zerorun.engine.engine import Engine
-    from zerorun.engine.schedulers import LRSchedulerLike
+    from zerorun.engine.training.schedulers import LRSchedulerLike
 
 # torch.optim flags that describe this run's kernels, not the training state: the loading engine keeps its own
 _IMPLEMENTATION_FLAGS = {"foreach", "fused", "capturable", "differentiable"}

@@ -30,7 +30,7 @@ from zerorun.engine.checkpoint.manifest import (
     layout_differences,
     rank_file,
 )
-from zerorun.engine.gathered import gathered_frozen
+from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from zerorun import __version__
 from zerorun.engine.checkpoint import atomic, layout, state, zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
-from zerorun.engine.gathered import gathered_frozen
+from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine import loss_scaler
+from zerorun.engine.numerics import loss_scaler
 
 if TYPE_CHECKING:
     from zerorun.engine.engine import Engine

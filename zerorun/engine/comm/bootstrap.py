@@ -1,7 +1,7 @@
 """Process-group bootstrap from the launcher's environment (also torchrun's).
 
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` name the job
-(or srun's / mpirun's own variables, :mod:`zerorun.engine.scheduler_env`). NCCL when CUDA
+(or srun's / mpirun's own variables, :mod:`zerorun.engine.comm.scheduler_env`). NCCL when CUDA
 is available, gloo otherwise; the GPU is bound before the group is created.
 
 The compute device is read from the group's device->backend map
@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from zerorun import simulate
+from zerorun.engine.comm.scheduler_env import job_env
 from zerorun.engine.errors import EngineError
-from zerorun.engine.scheduler_env import job_env
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
                      init_method: str | None = None) -> DistContext:
     """Join (or reuse) the default process group and return this rank's :class:`DistContext`.
 
-    The job is read by :func:`~zerorun.engine.scheduler_env.job_env` (zerorun, torchrun,
+    The job is read by :func:`~zerorun.engine.comm.scheduler_env.job_env` (zerorun, torchrun,
     srun, mpirun); with none of their variables the process is a world of one.
     """
     if dist.is_initialized():

@@ -14,7 +14,7 @@ import torch
 from zerorun.engine.offload.policy import OffloadError, OffloadPolicy, from_config
 
 if TYPE_CHECKING:
-    from zerorun.engine.masters import MasterShards
+    from zerorun.engine.mechanism.masters import MasterShards
     from zerorun.engine.offload.host import HostMasters
 
     # what the engine steps: the stage's masters, or an offload wrapper (NvmeMasters is a HostMasters)

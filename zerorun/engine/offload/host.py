@@ -21,7 +21,7 @@ from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.offload.policy import OffloadPolicy
 
 if TYPE_CHECKING:
-    from zerorun.engine.masters import MasterShards
+    from zerorun.engine.mechanism.masters import MasterShards
 
 
 class HostMasters:

@@ -25,7 +25,7 @@ from zerorun.engine.offload.swapper import Swapper
 from zerorun.engine.physical_memory import trim_heap
 
 if TYPE_CHECKING:
-    from zerorun.engine.masters import MasterShards
+    from zerorun.engine.mechanism.masters import MasterShards
 
 
 def release_freed_memory() -> None:

@@ -1,6 +1,6 @@
 """Parameter offload at stage 3 (``offload_param.device: cpu | nvme``): where a bucket's resting shard lives.
 
-A :class:`~zerorun.engine.partition.PartitionedBucket` at rest holds only ``local``, this
+A :class:`~zerorun.engine.mechanism.partition.PartitionedBucket` at rest holds only ``local``, this
 rank's chunk in the compute dtype. With a :class:`ParamOffload` attached:
 
 * ``cpu``: ``local`` is a host tensor (pinned when CUDA is present and ``pin_memory``);
@@ -36,7 +36,7 @@ from zerorun.engine.offload.swapper import Swapper
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig
-    from zerorun.engine.partition import PartitionedBucket
+    from zerorun.engine.mechanism.partition import PartitionedBucket
 
 KEY = "zero_optimization.offload_param"
 _T = TypeVar("_T")  # what a swap future resolves to: a read's tensor, a write's None

@@ -2,17 +2,17 @@
 
 ``param.grad`` is a view into its bucket's buffer; on the boundary micro-step the bucket is
 all-reduced (stage 0) or reduce-scattered into the owned chunk (stage 1). The flow and
-its rules are :mod:`zerorun.engine.grad_sync`'s.
+its rules are :mod:`zerorun.engine.mechanism.grad_sync`'s.
 """
 
 from __future__ import annotations
 
 import torch
 
-from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.sharded_grads import ShardAccumulator
+from zerorun.engine.mechanism.buckets import FlatBucket
+from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.mechanism.sharded_grads import ShardAccumulator
 
 
 class FullGradSync(GradSyncBase):

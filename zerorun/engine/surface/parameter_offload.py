@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from zerorun.engine.gather import GatherCoordinator, Unit
+from zerorun.engine.mechanism.gather import GatherCoordinator, Unit
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle

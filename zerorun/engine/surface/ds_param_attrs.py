@@ -5,7 +5,7 @@ LM-head loss asks ``p.ds_status`` before gathering the head, the Trainer and PEF
 parameters through ``ds_numel``, PEFT sizes adapters from ``ds_shape``, TRL's generation
 helper clears ``ds_active_sub_modules``. :func:`sync` writes them from the bucket, and the
 bucket calls it when it is made and when it takes its shard, and :func:`sync_status` on every
-state transition (:meth:`~zerorun.engine.partition.PartitionedBucket._move`), so they are never stale:
+state transition (:meth:`~zerorun.engine.mechanism.partition.PartitionedBucket._move`), so they are never stale:
 
 * ``ds_status``: a :class:`ZeroParamStatus` (``AVAILABLE`` for persistent buckets, which stay gathered);
 * ``ds_id``: an integer unique to the parameter, the same on every rank (ranks build the same
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.param_state import ParamState
+from zerorun.engine.mechanism.param_state import ParamState
 
 if TYPE_CHECKING:
-    from zerorun.engine.partition import PartitionedBucket
+    from zerorun.engine.mechanism.partition import PartitionedBucket
 
 
 class ZeroParamStatus(Enum):

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerorun.engine import loss_scaler
 from zerorun.engine.errors import EngineError
+from zerorun.engine.numerics import loss_scaler
 
 if TYPE_CHECKING:
     from zerorun.config.schema import ZerorunConfig

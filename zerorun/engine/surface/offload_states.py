@@ -28,9 +28,9 @@ import torch
 from zerorun.engine.errors import EngineError
 
 if TYPE_CHECKING:
-    from zerorun.engine.buckets import FlatBucket
     from zerorun.engine.engine import Engine
-    from zerorun.engine.partition import PartitionedBucket
+    from zerorun.engine.mechanism.buckets import FlatBucket
+    from zerorun.engine.mechanism.partition import PartitionedBucket
 
 
 class OffloadDeviceEnum(str, Enum):

@@ -9,7 +9,7 @@
   chunk added to its accumulator. Staging buffers come from a bounded pool
   (:data:`MAX_STAGING_BUFFERS`).
 * :class:`UnitGradSync` (stage 3): the same, per module unit as soon as its gradients are
-  in, and the unit released (:meth:`~zerorun.engine.gather.GatherCoordinator.post_backward_bucket`).
+  in, and the unit released (:meth:`~zerorun.engine.mechanism.gather.GatherCoordinator.post_backward_bucket`).
   Each stage-3 bucket is one module unit, so a model of many small units (norms, biases,
   the projections of a small transformer) would pay one collective's fixed latency per
   unit per micro-step. A bucket smaller than ``coalesce_numel`` is therefore not reduced on
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from zerorun.engine.buckets import FlatBucket, zero_padding
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.gather import GatherCoordinator
-from zerorun.engine.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.partition import PartitionedBucket
+from zerorun.engine.mechanism.buckets import FlatBucket, zero_padding
+from zerorun.engine.mechanism.gather import GatherCoordinator
+from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.mechanism.partition import PartitionedBucket
 
 # Stage 2 keeps at most this many staging buffers (of one bucket each), however large
 # reduce_bucket_size: with capped buckets four let backward run ahead of the reductions,

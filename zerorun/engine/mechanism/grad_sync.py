@@ -25,27 +25,27 @@ Who arms and finishes a pass:
 
 The reducers (the policy picks one, :mod:`zerorun.engine.policy`):
 
-* :class:`~zerorun.engine.full_grads.FullGradSync` with ``scatter=False`` (stage 0): full gradient buffers
+* :class:`~zerorun.engine.mechanism.full_grads.FullGradSync` with ``scatter=False`` (stage 0): full gradient buffers
   (``param.grad`` is a view into them, so autograd accumulates micro-steps in place;
   after ``zero()`` it is ``None`` and the first gradient is copied in, so no step
   begins with a memset), an all-reduce per bucket on the boundary micro-step only.
-* :class:`~zerorun.engine.full_grads.FullGradSync` with ``scatter=True`` (stage 1): same buffers, a
+* :class:`~zerorun.engine.mechanism.full_grads.FullGradSync` with ``scatter=True`` (stage 1): same buffers, a
   reduce-scatter per bucket on the boundary micro-step; the rank owns its chunk. The
   other chunks are undefined afterwards, so the pass then detaches the bucket's
   ``param.grad`` (``None``: the reduced chunk is the engine's), and a second backward on
   the same micro-step (a GAN's discriminator: real, then fake) first folds the owned
-  chunk into an fp32 sum (:class:`~zerorun.engine.sharded_grads.ShardAccumulator`, stage 2's
+  chunk into an fp32 sum (:class:`~zerorun.engine.mechanism.sharded_grads.ShardAccumulator`, stage 2's
   accumulator) and restarts the buffer from zero; its reduction adds to that sum. Stage 0
   needs nothing: its all-reduce leaves every rank the whole average, which the next
   reduction averages again unchanged.
 
-* :class:`~zerorun.engine.sharded_grads.ShardedGradSync` (stage 2): no full gradient buffers. Each gradient is
+* :class:`~zerorun.engine.mechanism.sharded_grads.ShardedGradSync` (stage 2): no full gradient buffers. Each gradient is
   copied into a bucket-sized staging buffer and freed; a full bucket is reduce-scattered
   on every micro-step (as DeepSpeed does), and the rank's chunk is accumulated into an
   fp32 shard. Staging buffers are taken from a pool that grows, while backward runs
   ahead of the reductions, up to ``staging_numel`` elements (``reduce_bucket_size``,
   twice with ``overlap_comm``: what DeepSpeed's one or two buckets hold) and at most
-  :data:`~zerorun.engine.sharded_grads.MAX_STAGING_BUFFERS` buckets; beyond it a hook waits for the oldest reduction
+  :data:`~zerorun.engine.mechanism.sharded_grads.MAX_STAGING_BUFFERS` buckets; beyond it a hook waits for the oldest reduction
   to free its buffer.
 
 Whatever the stage, the step uses the sum over all backward passes since the last step
@@ -76,8 +76,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.autograd import Variable
 
-from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.comm.collectives import Collectives, Pending
+from zerorun.engine.mechanism.buckets import FlatBucket
 
 if TYPE_CHECKING:
     from torch import nn

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.errors import EngineError
-from zerorun.engine.param_state import ParamState
+from zerorun.engine.mechanism.param_state import ParamState
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -23,7 +23,7 @@ class HfSurface:
     def _zero3_consolidated_16bit_state_dict(self: Engine, exclude_frozen_parameters: bool = False
                                              ) -> dict[str, torch.Tensor] | None:
         """The full 16-bit state dict on rank 0 and ``None`` elsewhere, as DeepSpeed's; every rank calls it."""
-        from zerorun.engine.save16 import consolidated_state_dict
+        from zerorun.engine.checkpoint.save16 import consolidated_state_dict
 
         state = consolidated_state_dict(self, exclude_frozen_parameters)
         return state if self.ctx.rank == 0 else None

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
+from zerorun.engine.mechanism.param_state import ParamState
+from zerorun.engine.mechanism.partition import PartitionedBucket, bucket_of, unit_bucket
 
 if TYPE_CHECKING:
     from collections.abc import Callable

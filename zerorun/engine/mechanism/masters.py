@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zerorun.engine.buckets import FlatBucket
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.gather import GatherCoordinator
+from zerorun.engine.mechanism.buckets import FlatBucket
+from zerorun.engine.mechanism.gather import GatherCoordinator
+from zerorun.engine.mechanism.partition import PartitionedBucket
 from zerorun.engine.offload.params import ParamOffload
-from zerorun.engine.partition import PartitionedBucket
 
 
 class MasterShards:

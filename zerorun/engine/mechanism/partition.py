@@ -14,7 +14,7 @@ holding every released unit alive until its backward ran (measured: stage 3 held
 what stage 1 holds). Freeing the one storage they share releases the bytes whoever
 holds a view, and the re-gather before the unit's backward writes the same storage
 again, so each saved view reads valid values when autograd uses it. The rule that makes
-this safe lives in :mod:`zerorun.engine.gather`: a unit is released after forward only
+this safe lives in :mod:`zerorun.engine.mechanism.gather`: a unit is released after forward only
 when a hook will gather it again before its backward.
 With fp32 compute ``local`` is also the fp32 master the optimizer steps (an alias).
 With parameter offload (``offload``, :mod:`zerorun.engine.offload.params`) ``local`` rests
@@ -22,7 +22,7 @@ in host memory or a swap file and is fetched to the compute device for each gath
 
 Each partitioned parameter carries ``param.zr_bucket`` (its bucket), which is how
 ``zero.GatheredParameters`` and the engine find it; it is a guarded
-:class:`~zerorun.engine.guard.ZeroParameter` exactly while the bucket is not
+:class:`~zerorun.engine.mechanism.guard.ZeroParameter` exactly while the bucket is not
 gathered. ``toucher`` (set by the gather coordinator) is asked to gather the bucket when
 a guarded parameter is used; ``frozen`` buckets hold parameters the optimizer does not
 step (no master, no gradient reduction).
@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from zerorun.engine import ds_param_attrs
-from zerorun.engine.buckets import BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.comm.collectives import Collectives, Pending
-from zerorun.engine.guard import guard, unguard
-from zerorun.engine.param_state import ParamState, check_transition
-from zerorun.engine.placement import to_device
+from zerorun.engine.mechanism.buckets import BucketPlan, FlatBucket, plan_buckets
+from zerorun.engine.mechanism.guard import guard, unguard
+from zerorun.engine.mechanism.param_state import ParamState, check_transition
+from zerorun.engine.mechanism.placement import to_device
+from zerorun.engine.surface import ds_param_attrs
 
 if TYPE_CHECKING:
     from zerorun.engine.offload.params import ParamOffload
@@ -58,7 +58,7 @@ def unit_bucket(params: list[nn.Parameter], coll: Collectives, name: str, group_
     """One bucket for all of ``params`` (a module unit is never split), laid out by :func:`plan_buckets`.
 
     With ``device``, the unit's parameters are moved there first (one counted move per
-    unit, :func:`~zerorun.engine.placement.to_device`), so the bucket is built on the
+    unit, :func:`~zerorun.engine.mechanism.placement.to_device`), so the bucket is built on the
     engine's device and only this unit is ever whole there.
     """
     if device is not None:

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from zerorun.engine.errors import EngineError
-from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import bucket_of
+from zerorun.engine.mechanism.param_state import ParamState
+from zerorun.engine.mechanism.partition import bucket_of
 
 if TYPE_CHECKING:
     from zerorun.engine.engine import Engine

@@ -4,7 +4,7 @@ Only one unit is ever whole on a rank while this runs. A unit that ``zero.Init``
 one bucket of the same parameters keeps that bucket: its shards are already consistent, so
 it only gets its master, its dtype and its place (nothing is communicated). Otherwise:
 (gather the unit's ``zero.Init`` shards) -> move the unit's parameters to the engine's
-device (the whole model is never moved: :mod:`zerorun.engine.placement`) -> pack them into a
+device (the whole model is never moved: :mod:`zerorun.engine.mechanism.placement`) -> pack them into a
 bucket per optimizer group (and one for the parameters the optimizer does not step: frozen,
 sharded too) -> broadcast from rank 0 -> keep this rank's chunk (``local``) and its fp32
 master -> cast to the compute dtype -> release the full buffer (unless the bucket is under
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.gather import Unit
-from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import PartitionedBucket, bucket_of, unit_bucket
-from zerorun.engine.placement import to_device
-from zerorun.engine.precision import PrecisionPolicy
+from zerorun.engine.mechanism.gather import Unit
+from zerorun.engine.mechanism.param_state import ParamState
+from zerorun.engine.mechanism.partition import PartitionedBucket, bucket_of, unit_bucket
+from zerorun.engine.mechanism.placement import to_device
+from zerorun.engine.numerics.precision import PrecisionPolicy
 
 
 def _materialize(params: list[nn.Parameter]) -> None:

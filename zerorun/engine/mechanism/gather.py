@@ -49,8 +49,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from zerorun.engine.param_state import ParamState
-from zerorun.engine.partition import PartitionedBucket, refresh_together
+from zerorun.engine.mechanism.param_state import ParamState
+from zerorun.engine.mechanism.partition import PartitionedBucket, refresh_together
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig

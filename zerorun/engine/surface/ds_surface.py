@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from zerorun.engine.engine import Engine
-    from zerorun.engine.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateMover
+    from zerorun.engine.surface.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateMover
 
 
 class TputTimer:
@@ -187,7 +187,7 @@ class DeepSpeedSurface:
     def offload_states(self, include: Iterable[OffloadStateTypeEnum | str] | None = None,
                        device: OffloadDeviceEnum | str = "cpu", pin_memory: bool = True,
                        non_blocking: bool = False) -> None:
-        """Move optimizer states, masters and parameters to host memory (see :mod:`zerorun.engine.offload_states`)."""
+        """Move optimizer states, masters and parameters to host memory (see :mod:`zerorun.engine.surface.offload_states`)."""
         self._state_mover().offload(include, device, pin_memory, non_blocking)
 
     def reload_states(self, non_blocking: bool = False) -> None:
@@ -195,7 +195,7 @@ class DeepSpeedSurface:
         self._state_mover().reload(non_blocking)
 
     def _state_mover(self) -> StateMover:
-        from zerorun.engine.offload_states import StateMover
+        from zerorun.engine.surface.offload_states import StateMover
 
         if "_mover" not in self.__dict__:
             self.__dict__["_mover"] = StateMover(self)

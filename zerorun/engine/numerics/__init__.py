@@ -1,0 +1,1 @@
+"""Numerics: the precision policy, the loss scaler, the global gradient norm."""
