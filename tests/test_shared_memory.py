@@ -224,3 +224,18 @@ def test_a_descriptor_names_kind_count_and_dtype() -> None:
     assert [shared_memory.describe(lane._descriptor(0, s)) for s in (2, 3, 4)] == [
         f"all_reduce #{s} of 250 float32" for s in (2, 3, 4)]
     assert lane.timeout_s == 5.0 and shared_memory.HEADER_BYTES % 64 == 0
+
+
+def test_a_collective_is_ready_once_every_peer_posted_it() -> None:
+    """Two lanes over the same two segments, in one process: rank 0's all-reduce is ready to
+    complete (without waiting) only after rank 1 has posted its own."""
+    segments = [torch.zeros(shared_memory.segment_bytes(400), dtype=torch.uint8) for _ in range(2)]
+    lanes = [shared_memory.SharedLane(segments, r, 400, timeout_s=5.0) for r in range(2)]
+    x, y = torch.full((250,), 1.0), torch.full((250,), 2.0)  # 3 pieces of 100 elements each
+    seq = lanes[0].all_reduce(x)
+    assert seq == 3 and not lanes[0].posted_by_all(seq)
+    lanes[1].all_reduce(y)
+    assert lanes[0].posted_by_all(seq) and lanes[1].posted_by_all(seq)
+    lanes[0].complete_through(seq)
+    lanes[1].complete_through(seq)
+    assert x.tolist() == y.tolist() == [3.0] * 250

@@ -131,6 +131,14 @@ class Pending:
         self._then = fn
         return self
 
+    def ready(self) -> bool:
+        """Whether ``wait()`` would not block: the collective has finished (or the backend cannot
+        say: then False), its completion perhaps still to run."""
+        if self.done or self._work is None:
+            return True
+        finished = getattr(self._work, "is_completed", None)
+        return finished is not None and bool(finished())
+
     def wait(self) -> None:
         if self.done:
             return
@@ -148,6 +156,9 @@ class _Exchange:
         self.works = works
         self.finish = finish
 
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
     def wait(self) -> None:
         for w in self.works:
             w.wait()
@@ -161,6 +172,9 @@ class _LaneWork:
     def __init__(self, lane: SharedLane, seq: int) -> None:
         self.lane = lane
         self.seq = seq
+
+    def is_completed(self) -> bool:
+        return self.lane.posted_by_all(self.seq)  # completing it reads this rank's slots only: no wait
 
     def wait(self) -> None:
         self.lane.complete_through(self.seq)

@@ -318,11 +318,15 @@ class SharedLane:
         self.pending.append((seq, complete))
         return seq
 
+    def posted_by_all(self, seq: int) -> bool:
+        """Whether every peer has posted every piece up to ``seq`` (completing them would not wait)."""
+        return all(self.headers[p][_POSTED] >= seq for p in self.peers)
+
     def complete_through(self, seq: int) -> None:
         """Complete, in order, every piece issued up to ``seq``."""
         while self.pending and self.pending[0][0] <= seq:
             s, complete = self.pending[0]
-            self._await(lambda s=s: all(self.headers[p][_POSTED] >= s for p in self.peers),
+            self._await(lambda s=s: self.posted_by_all(s),
                         f"to post collective {s}")
             self._check_descriptors(s)
             complete()
