@@ -95,18 +95,26 @@ def ab_arms(args: argparse.Namespace) -> list[tuple[str, dict[str, str]]]:
     return [("A", env), ("B", {})]
 
 
-def ab_table(ratios: dict[str, dict[str, list[float]]]) -> str:
-    """Per system: each arm's median ratio to DDP, its range over the repetitions, and B / A."""
-    lines = ["| system | A: median ratio to DDP (min-max) | B: median ratio to DDP (min-max) | B / A |",
-             "|---|---|---|---|"]
-    for system, arms in ratios.items():
-        cells = []
-        for arm in ("A", "B"):
-            r = arms.get(arm, [])
-            cells.append(f"{statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})" if r else "-")
+def _median_range(values: list[float], fmt: str = "{:.3f}") -> str:
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def ab_table(ratios: dict[str, dict[str, list[float]]], seconds: dict[str, dict[str, list[float]]] | None = None) -> str:
+    """Per system: each arm's median ratio to DDP and its range over the repetitions, B / A, and
+    (``seconds``) each arm's median step time: when the arms change DDP's own time too (they share
+    its process and caches), the ratios alone mislead."""
+    seconds = seconds or {}
+    lines = ["| system | A: ratio to DDP, median (min-max) | B: ratio to DDP, median (min-max) | B / A "
+             "| A: s/step | B: s/step |", "|---|---|---|---|---|---|"]
+    for system in list(ratios) + [s for s in seconds if s not in ratios]:
+        arms = ratios.get(system, {})
         both = arms.get("A") and arms.get("B")
         change = f"{statistics.median(arms['B']) / statistics.median(arms['A']):.3f}" if both else "-"
-        lines.append(f"| {system} | {cells[0]} | {cells[1]} | {change} |")
+        secs = seconds.get(system, {})
+        lines.append(f"| {system} | {_median_range(arms.get('A', []))} | {_median_range(arms.get('B', []))} | "
+                     f"{change} | {_median_range(secs.get('A', []))} | {_median_range(secs.get('B', []))} |")
     return "\n".join(lines)
 
 
@@ -115,21 +123,23 @@ def run_ab(systems: list[str], args: argparse.Namespace) -> None:
     if "torch-ddp" not in systems:
         systems = ["torch-ddp", *systems]
     ratios: dict[str, dict[str, list[float]]] = {s: {} for s in systems if s != "torch-ddp"}
+    seconds: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
     for rep in range(args.repeat):
         for arm, env in ab_arms(args):
             rows = {r["system"]: r for r in run_job(",".join(systems), sys.executable, args, args.steps, args.warmup,
                                                     env)}
             ddp = rows.get("torch-ddp")
-            for system in ratios:
-                if ddp and system in rows:
-                    ratios[system].setdefault(arm, []).append(rows[system]["step_median_s"] / ddp["step_median_s"])
+            for system, row in rows.items():
+                seconds.setdefault(system, {}).setdefault(arm, []).append(row["step_median_s"])
+                if ddp and system in ratios:
+                    ratios[system].setdefault(arm, []).append(row["step_median_s"] / ddp["step_median_s"])
             print(f"repetition {rep + 1}, arm {arm}: DDP {ddp['step_median_s'] if ddp else float('nan'):.3f} s/step",
                   file=sys.stderr, flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     for r in rows.values():
                         f.write(json.dumps({**r, "arm": arm, "repetition": rep}) + "\n")
-    print(ab_table(ratios))
+    print(ab_table(ratios, seconds))
 
 
 def main() -> None:
