@@ -38,7 +38,6 @@ from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.optim_factory import build_optimizer
 from zerorun.engine.parameter_offload import ParameterOffload
-from zerorun.engine.physical_memory import load_optimizer_runtime
 from zerorun.engine.schedulers import build_scheduler
 from zerorun.engine.stage3 import build_stage3_parts
 from zerorun.engine.stages import policy_for_stage
@@ -188,7 +187,6 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: Any, model_parame
     if optimizer is None and cfg.optimizer is None:  # a reference/teacher/eval model: forward passes only
         return _initialize_inference(ctx, coll, model, cfg, stage, precision, lr_scheduler, training_data,
                                      collate_fn)
-    load_optimizer_runtime()  # torch.optim's lazy libraries: in the host baseline, not in a step's peak
     opt = _make_optimizer(cfg, optimizer, model, model_parameters)
     zero = cfg.zero_optimization
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,

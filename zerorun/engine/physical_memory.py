@@ -56,11 +56,12 @@ _LAZY_RUNTIME = "torch._dynamo"  # what the first torch.optim optimizer imports 
 
 
 def load_optimizer_runtime() -> int:
-    """Import what any torch.optim optimizer imports lazily, now, and count its resident growth in
-    ``host_baseline_rss``: the same libraries for every run and every stage, no part of a model's
-    state (``bench/memory.py`` leaves them out of its peaks the same way). The engine calls it just
-    before it builds the optimizer; an optimizer the script built before that has already loaded
-    them, and they then count in the step's peak. Returns the bytes added to the baseline."""
+    """Import what any torch.optim optimizer (and the engine's own modules) import lazily, now, and
+    count its resident growth in ``host_baseline_rss``: the same libraries for every run and every
+    stage, no part of a model's state (``bench/memory.py`` leaves them out of its peaks the same
+    way). ``zerorun`` calls it when a script first reaches for the engine (``zerorun.initialize``,
+    ``zerorun.zero``, ...); an optimizer the script built before that has loaded them already,
+    and they then count in the step's peak. Returns the bytes added to the baseline."""
     global _BASELINE
     if _LAZY_RUNTIME in sys.modules:
         return 0
