@@ -11,6 +11,15 @@ environment, gets a second interleaved job), so a load change on a shared machin
 every system alike and the ratios to DDP stay meaningful. Peak RSS is per process, so
 each system then also runs alone for a few steps (``--rss-steps``) to measure it.
 ``--sequential`` runs each system alone for the full length instead.
+
+A/B of two engines (or two settings) on a noisy machine: ``--ab-path DIR`` (another
+checkout's root, run through PYTHONPATH) and/or ``--ab-env KEY=VALUE`` (repeatable)
+define arm A, this checkout as it is arm B; the interleaved job runs ``--repeat`` times,
+A then B each time, and each system's step time is read as its ratio to DDP in the same
+job. The table gives both arms' median ratio and its spread over the repetitions:
+
+    python bench/compare.py --systems torch-ddp,zerorun-z2 --ab-path /tmp/main --repeat 3 --rss-steps 0
+    python bench/compare.py --ab-env MALLOC_MMAP_THRESHOLD_=131072 --ab-env MALLOC_TRIM_THRESHOLD_=131072
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +49,8 @@ def deepspeed_python(explicit: str | None) -> str | None:
     return None
 
 
-def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warmup: int) -> list[dict]:
+def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warmup: int,
+            extra_env: dict[str, str] | None = None) -> list[dict]:
     """One torchrun job running ``system`` (comma-separated: interleaved); its JSON records."""
     cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
            str(HERE / "run_system.py"), "--system", system, "--steps", str(steps),
@@ -51,6 +62,7 @@ def run_job(system: str, python: str, args: argparse.Namespace, steps: int, warm
            "PYTHONWARNINGS": "ignore"}
     if args.together:  # DeepSpeed's environment runs zerorun too: from this checkout
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
+    env.update(extra_env or {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
     recs = [json.loads(line[len(PREFIX):]) for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     if not recs:
@@ -72,6 +84,62 @@ def table(rows: list[dict]) -> str:
                      f"{r['state_mb_rank0']:.1f} | {r['comm_mb_per_step']:.1f} | {r['final_loss']:.7f} | "
                      f"{r['final_loss'] - ref['final_loss']:+.1e} | {r['param_l2']:.6f} |")
     return "\n".join(lines)
+
+
+def ab_arms(args: argparse.Namespace) -> list[tuple[str, dict[str, str]]]:
+    """Arm A (``--ab-path`` through PYTHONPATH, ``--ab-env``) and arm B (this checkout, as is)."""
+    env = dict(kv.split("=", 1) for kv in args.ab_env)
+    if args.ab_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(args.ab_path).resolve()),
+                                                          os.environ.get("PYTHONPATH")]))
+    return [("A", env), ("B", {})]
+
+
+def _median_range(values: list[float], fmt: str = "{:.3f}") -> str:
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def ab_table(ratios: dict[str, dict[str, list[float]]], seconds: dict[str, dict[str, list[float]]] | None = None) -> str:
+    """Per system: each arm's median ratio to DDP and its range over the repetitions, B / A, and
+    (``seconds``) each arm's median step time: when the arms change DDP's own time too (they share
+    its process and caches), the ratios alone mislead."""
+    seconds = seconds or {}
+    lines = ["| system | A: ratio to DDP, median (min-max) | B: ratio to DDP, median (min-max) | B / A "
+             "| A: s/step | B: s/step |", "|---|---|---|---|---|---|"]
+    for system in list(ratios) + [s for s in seconds if s not in ratios]:
+        arms = ratios.get(system, {})
+        both = arms.get("A") and arms.get("B")
+        change = f"{statistics.median(arms['B']) / statistics.median(arms['A']):.3f}" if both else "-"
+        secs = seconds.get(system, {})
+        lines.append(f"| {system} | {_median_range(arms.get('A', []))} | {_median_range(arms.get('B', []))} | "
+                     f"{change} | {_median_range(secs.get('A', []))} | {_median_range(secs.get('B', []))} |")
+    return "\n".join(lines)
+
+
+def run_ab(systems: list[str], args: argparse.Namespace) -> None:
+    """``--repeat`` interleaved jobs per arm, A then B each time; the ratios to DDP of every job."""
+    if "torch-ddp" not in systems:
+        systems = ["torch-ddp", *systems]
+    ratios: dict[str, dict[str, list[float]]] = {s: {} for s in systems if s != "torch-ddp"}
+    seconds: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
+    for rep in range(args.repeat):
+        for arm, env in ab_arms(args):
+            rows = {r["system"]: r for r in run_job(",".join(systems), sys.executable, args, args.steps, args.warmup,
+                                                    env)}
+            ddp = rows.get("torch-ddp")
+            for system, row in rows.items():
+                seconds.setdefault(system, {}).setdefault(arm, []).append(row["step_median_s"])
+                if ddp and system in ratios:
+                    ratios[system].setdefault(arm, []).append(row["step_median_s"] / ddp["step_median_s"])
+            print(f"repetition {rep + 1}, arm {arm}: DDP {ddp['step_median_s'] if ddp else float('nan'):.3f} s/step",
+                  file=sys.stderr, flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    for r in rows.values():
+                        f.write(json.dumps({**r, "arm": arm, "repetition": rep}) + "\n")
+    print(ab_table(ratios, seconds))
 
 
 def main() -> None:
@@ -96,12 +164,18 @@ def main() -> None:
                    help="with --ds-python: run every system in one interleaved job in that environment "
                         "(zerorun from this checkout), so DeepSpeed's ratios share DDP's time window")
     p.add_argument("--rss-steps", type=int, default=4, help="steps of the run alone that measures peak RSS")
+    p.add_argument("--ab-path", default=None, help="arm A: another checkout's root (through PYTHONPATH)")
+    p.add_argument("--ab-env", action="append", default=[], metavar="KEY=VALUE", help="arm A: an environment variable")
+    p.add_argument("--repeat", type=int, default=3, help="with --ab-*: interleaved jobs per arm")
     args = p.parse_args()
     ds_py = deepspeed_python(args.ds_python)
     systems = args.systems.split(",") if args.systems else ZERORUN + TORCH + (DEEPSPEED if ds_py else [])
     if not ds_py and any(x.startswith("ds-") for x in systems):
         print("ds-*: skipped (deepspeed is not importable)", file=sys.stderr)
         systems = [x for x in systems if not x.startswith("ds-")]
+    if args.ab_path or args.ab_env:
+        run_ab([x for x in systems if not x.startswith("ds-")], args)
+        return
     groups = [[x for x in systems if not x.startswith("ds-")], [x for x in systems if x.startswith("ds-")]]
     pythons = [sys.executable, ds_py]
     if args.together and ds_py:  # one interleaved job for every system, DeepSpeed's included

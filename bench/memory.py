@@ -3,6 +3,7 @@
     python bench/memory.py                                   # world 2, issue 19's 101.7M-parameter MLP
     python bench/memory.py --small --world 4                 # a quick check
     python bench/memory.py --ds-python /work/venv-peers/bin/python --json memory.json
+    python bench/memory.py --world 4 --estimate                # `zerorun estimate --measure`, stages 0-3
 
 Every system trains the same model (bench/common.py's residual MLP; by default hidden 1024,
 12 blocks, 101.7M parameters, fp32, AdamW) on the same data (micro batch 8), one system per
@@ -12,6 +13,11 @@ by writing ``5`` to ``/proc/self/clear_refs``), less the RSS right after ``impor
 the worse rank counts. The floor is :func:`zerorun.estimate.floor.physical_floor` for the
 system's stage (DDP: stage 0, FSDP2: stage 3), with the block as the unit; the activations
 (a few MiB here) are counted in it.
+
+``--estimate`` instead runs ``zerorun estimate --measure`` on the same model (examples/train_toy.py
+at this hidden size and depth is the benchmark's MLP) and config (the stage's defaults, fp32,
+AdamW from the config, the same micro batch; stage 3 releasing each unit and prefetching one
+block), one stage at a time, and prints the estimate against the worse rank's physical peak.
 
 Systems: torch-ddp, torch-fsdp2, zerorun-z0..z3, zerorun-z3-init (built under ``zero.Init``),
 zerorun-z3-ckpt (each block under non-reentrant activation checkpointing), zerorun-z3-lora
@@ -273,6 +279,57 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# ---- --estimate: `zerorun estimate --measure` on the same model and config ------------------
+def measure_config(stage: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark's zerorun config of ``stage``, with its AdamW named in the config (the toy
+    script builds the optimizer from it)."""
+    import run_system as R
+
+    args.system = f"zerorun-z{stage}"
+    cfg = R.zerorun_config(args, args.world)
+    if stage == 3:
+        cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=block_numel(args))
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": C.LR, "betas": list(C.BETAS), "eps": C.EPS,
+                                                     "weight_decay": C.WEIGHT_DECAY}}
+    return cfg
+
+
+def measure_stage(stage: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One ``zerorun estimate --measure --json`` run of the toy script at the benchmark's size; its JSON."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix=f"zerorun-z{stage}-", delete=False) as f:
+        json.dump(measure_config(stage, args), f)
+    script = (f"{os.path.join(_ROOT, 'examples', 'train_toy.py')} --config {f.name} --hidden {args.hidden} "
+              f"--layers {args.layers} --print-every 1000")
+    cmd = [sys.executable, "-m", "zerorun.cli", "estimate", "--gpus", str(args.world), "--measure", script,
+           "--measure-steps", str(args.steps), "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    if args.allocator == "returning":
+        env.update(RETURNING_ALLOCATOR)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    finally:
+        os.unlink(f.name)
+    if done.returncode != 0:
+        raise SystemExit(f"error: estimate --measure at stage {stage} failed (exit {done.returncode}):\n"
+                         + "\n".join((done.stdout + done.stderr).splitlines()[-12:]))
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def estimate_table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Markdown: per stage the estimate, the worse rank's physical peak and their ratio."""
+    lines = ["| stage | estimate MiB | physical peak MiB (worse rank) | peak / estimate |", "|---|---|---|---|"]
+    for stage, r in enumerate(results):
+        phys = r["physical"]
+        lines.append(f"| {stage} | {phys['estimated_bytes'] / MiB:.0f} | {phys['peak_bytes'] / MiB:.0f} | "
+                     f"{phys['ratio']:.3f} |")
+    lines.append(f"\nworld {args.world} on gloo, allocator {args.allocator}, {args.steps} measured steps after one "
+                 "warm-up step (`zerorun estimate --measure`: examples/train_toy.py at hidden "
+                 f"{args.hidden}, {args.layers} blocks)")
+    return "\n".join(lines)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, choices=(2, 3, 4))
@@ -292,6 +349,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allocator", choices=("default", "returning"), default="default",
                    help="returning: glibc hands freed buffers back to the kernel at once (every system), so a "
                         "peak is what the process holds, not what the allocator retains")
+    p.add_argument("--estimate", action="store_true",
+                   help="run `zerorun estimate --measure` on the same model and config at stages 0-3 instead")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.small:
@@ -307,6 +366,13 @@ def main() -> None:
     args = parse()
     if args.worker:
         worker(args)
+        return
+    if args.estimate:
+        results = [measure_stage(stage, args) for stage in range(4)]
+        print(estimate_table(results, args))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
         return
     systems = [s for s in args.systems.split(",") if s]
     if args.ds_python:

@@ -29,6 +29,10 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'zerorun' has no attribute {name!r}")
     module_name, attr = _LAZY[name]
+    if module_name != "zerorun.simulate":  # the engine's modules import torch._dynamo: count it in the baseline
+        from zerorun.engine.physical_memory import load_optimizer_runtime
+
+        load_optimizer_runtime()
     module = importlib.import_module(module_name)
     return module if attr is None else getattr(module, attr)
 

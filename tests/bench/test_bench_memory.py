@@ -48,3 +48,19 @@ def test_floors_follow_the_system_stage(bench) -> None:
     assert bench.floor_bytes("torch-fsdp2", args, 2) == want
     lora = bench.floor_bytes("zerorun-z3-lora", args, 2)
     assert lora < want  # frozen bases: no gradients, no optimizer state
+
+
+def test_the_estimate_mode_measures_the_benchmark_model_and_config(bench) -> None:
+    """``--estimate`` runs examples/train_toy.py: its MLP must be the benchmark's, parameter by parameter."""
+    spec = importlib.util.spec_from_file_location("train_toy", ROOT / "examples" / "train_toy.py")
+    toy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(toy)
+    args = bench.parse(["--small", "--world", "4"])
+    ours = [tuple(p.shape) for p in bench.build("zerorun-z0", args).parameters()]
+    assert [tuple(p.shape) for p in toy.ToyMLP(args.hidden, args.layers).parameters()] == ours
+    cfg = bench.measure_config(3, args)
+    zero = cfg["zero_optimization"]
+    assert zero["stage"] == 3 and zero["stage3_max_reuse_distance"] == 0
+    assert zero["stage3_prefetch_bucket_size"] == bench.block_numel(args)  # one block, as the benchmark's z3
+    assert cfg["train_micro_batch_size_per_gpu"] == args.micro_batch and cfg["optimizer"]["type"] == "AdamW"
+    assert "stage3_max_reuse_distance" not in bench.measure_config(2, args)["zero_optimization"]

@@ -61,3 +61,27 @@ def test_the_bookkeeping_total_leaves_the_physical_keys_out(engine) -> None:
     assert model_state_bytes(breakdown) == sum(bookkeeping.values()) > 0
     line = format_memory(breakdown)
     assert "host_peak_rss" in line and line.index("total") < line.index("host_rss")
+
+
+_LAZY_CHECK = """
+import sys, torch
+from zerorun.engine import physical_memory as pm
+assert "torch._dynamo" not in sys.modules
+base = pm.physical_figures(torch.device("cpu"))["host_baseline_rss"]
+grown = pm.load_optimizer_runtime()
+after = pm.physical_figures(torch.device("cpu"))["host_baseline_rss"]
+print(grown, after - base, pm.load_optimizer_runtime())
+"""
+
+
+def test_torch_optims_lazy_libraries_count_in_the_baseline_not_in_a_peak() -> None:
+    """A fresh interpreter: importing them grows the resident set by tens of MiB, and exactly that
+    growth joins the baseline, once."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LAZY_CHECK], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    grown, moved, again = (int(v) for v in out.stdout.split())
+    assert grown > 10 * MiB and moved == grown and again == 0

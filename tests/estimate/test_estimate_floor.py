@@ -128,3 +128,31 @@ def test_measure_takes_the_worse_rank_and_the_device_peak_first() -> None:
     ddp_peak = 800 * MiB - rows[-1].estimated + ddp_total  # the same run, DDP's states in place of stage 3's
     assert ddp_peak > 800 * MiB
     assert line == f"peak 800.00 MiB per rank (physical, stage 3), DDP on this model: ~{ddp_peak / 2**30:.2f} GiB (estimate)"
+
+
+def test_the_lane_footprint_mirrors_the_engine() -> None:
+    from zerorun.engine.comm import shm as shared_memory
+    from zerorun.estimate import transport
+
+    for name in ("LANE_BYTES", "SLOTS", "MIN_SLOT_BYTES", "HEADER_BYTES"):
+        assert getattr(transport, name) == getattr(shared_memory, name), name
+    for world in (2, 3, 4, 8):
+        for largest in (1000, 16 * MiB, 10**10):
+            slot = shared_memory.slot_bytes_for(largest, world)
+            assert transport.lane_slot_bytes(largest, world) == slot
+            assert transport.lane_bytes(largest, world) == world * shared_memory.segment_bytes(slot)
+    assert transport.lane_bytes(16 * MiB, 1) == 0  # one rank opens no lane
+
+
+def test_measure_counts_the_lane_only_when_the_run_used_it() -> None:
+    from zerorun.estimate.measure import compare
+    from zerorun.estimate.transport import lane_bytes
+
+    host = [{"host_peak_rss": 900 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0}] * 2
+    without, _, _ = compare(_facts(2, host))
+    with_lane, physical, notes = compare({**_facts(2, host), "shared_memory_lane": True})
+    assert "transport" not in [r.term for r in without]
+    transport = next(r for r in with_lane if r.term == "transport")
+    assert transport.estimated == lane_bytes(4 * (UNIT // 2), 2) == 2 * (192 + 4 * 2 * MiB)  # 2 MiB slots
+    assert with_lane[-1].estimated == without[-1].estimated + transport.estimated == physical.estimated
+    assert any(n.startswith("transport:") for n in notes)

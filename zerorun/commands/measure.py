@@ -18,6 +18,7 @@ from typing import Any
 from zerorun.errors import ZerorunError
 
 DEFAULT_TIMEOUT_S = 600.0
+UNCOUNTED = ("in_flight", "transport")  # estimated terms the engine's bookkeeping has no figure for
 
 
 def run_measurement(command: str, ranks: int, config: Path | None, steps: int,
@@ -72,8 +73,8 @@ def print_measurement(facts: dict[str, Any], as_json: bool) -> None:
         table.add_row(r.term, human_bytes(r.estimated),
                       human_bytes(physical.peak) if total else "-",  # type: ignore[union-attr]
                       ratio(physical.ratio) if total else "-",  # type: ignore[union-attr]
-                      "-" if r.term == "in_flight" else human_bytes(r.measured),
-                      "-" if r.term == "in_flight" else ratio(r.ratio))
+                      "-" if r.term in UNCOUNTED else human_bytes(r.measured),
+                      "-" if r.term in UNCOUNTED else ratio(r.ratio))
     console = Console(highlight=False)
     console.print(table)
     if physical is not None:

@@ -87,6 +87,7 @@ def measured_facts(engine: Engine) -> dict[str, Any]:
         "buckets": {**{k: getattr(zero, k) for k in knobs if hasattr(zero, k)},
                     "layout_cap": None if engine.coll.native_reduce_scatter else MAX_BUCKET_NUMEL},
         "largest_bucket": max((b.plan.padded_numel for b in engine.parts.buckets), default=0),
+        "shared_memory_lane": engine.coll.lane is not None,
         "largest_param": max((s.numel for b in engine.parts.buckets for s in b.plan.slots), default=0),
         "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
         "offload_param": str(getattr(zero.offload_param.device, "value", zero.offload_param.device)),

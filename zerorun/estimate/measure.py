@@ -21,6 +21,7 @@ from typing import Any
 from zerorun.estimate.buffers import Buckets, stage3_gathered
 from zerorun.estimate.in_flight import StepSizes, in_flight
 from zerorun.estimate.model_states import Dtype, Offload, Optimizer, Placement, Training, engine_breakdown
+from zerorun.estimate.transport import lane_bytes
 
 TERMS = ("params", "gradients", "master_params", "optimizer_states", "buffers")
 _OPTIMIZERS = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW, "sgd": Optimizer.SGD,
@@ -108,6 +109,9 @@ def compare(facts: dict[str, Any]) -> tuple[list[Comparison], PhysicalPeak | Non
         notes.append("stage 3: parameters gathered when the steps ended are part of the bookkeeping params")
     rows = [Comparison(term, int(estimated[term]), int(measured.get(term, 0))) for term in TERMS]
     rows.append(Comparison("in_flight", flight.peak - sum(flight.held.values()), 0))  # the engine does not count it
+    if facts.get("shared_memory_lane"):  # gloo ranks of one host: the lane's mapped pages are resident too
+        rows.append(Comparison("transport", lane_bytes(4 * int(facts.get("largest_bucket") or 0), world), 0))
+        notes.append("transport: the shared-memory lane of this host's ranks, mapped by every rank")
     rows.append(Comparison("total", sum(r.estimated for r in rows), sum(r.measured for r in rows)))
     peaks = [step_peak(figures) for figures in facts.get("physical_per_rank") or []]
     if not peaks or None in peaks:

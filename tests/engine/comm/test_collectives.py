@@ -160,3 +160,25 @@ def test_a_collective_issued_in_backward_holds_no_python_object() -> None:
         pytest.skip("this torch keeps no Python object in backward's thread-local state")
     assert run_distributed(_issue_from_a_gradient_hook, 2, timeout=100) == [
         {"all_reduce": 0, "reduce_scatter": 0, "all_gather": 0}] * 2
+
+
+class _Work:
+    def __init__(self, finished: bool) -> None:
+        self.finished = finished
+
+    def is_completed(self) -> bool:
+        return self.finished
+
+    def wait(self) -> None:
+        pass
+
+
+def test_a_pending_collective_says_whether_waiting_would_block() -> None:
+    from zerorun.engine.comm.work import Pending
+
+    assert Pending(None).ready()  # nothing was issued (world size 1)
+    assert not Pending(_Work(False)).ready() and Pending(_Work(True)).ready()  # type: ignore[arg-type]
+    assert not Pending(object()).ready()  # type: ignore[arg-type]  # a work that cannot say: assume it blocks
+    done = Pending(_Work(False))  # type: ignore[arg-type]
+    done.wait()
+    assert done.ready()

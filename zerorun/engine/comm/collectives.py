@@ -19,7 +19,7 @@ the buffer, half of what an all-reduce moves (measured on 2 gloo ranks, 100 MB:
 reduce-scatter 45 ms, all-gather 35-42 ms, against 60 ms for the all-reduce that
 carried each before). When every rank runs on one host, the engine opens a faster lane
 (:meth:`Collectives.open_shared_lane`, :mod:`zerorun.engine.comm.shm`): reduce-scatters,
-all-gathers and sum all-reduces up to a slot's size go through shared memory, one copy in
+all-gathers and sum all-reduces go through shared memory in slot-sized pieces, one copy in
 and one read out, no kernel in between. :meth:`CommCounter.snapshot` says which path
 carries each kind (``via``); the counted figures stay the logical collectives. On NCCL
 reduce-scatter and all-gather are native and the lane is never opened.
@@ -246,12 +246,13 @@ class Collectives:
     def open_shared_lane(self, largest_numel: int) -> bool:
         """Carry this group's reduce-scatters, all-gathers and sum all-reduces through shared memory,
         when every rank runs on this host (see :mod:`~zerorun.engine.comm.shm`); a slot holds
-        ``largest_numel`` fp32 elements (the largest bucket), up to the lane's cap.
+        ``largest_numel`` fp32 elements (the largest bucket) or less: the lane's budget over the
+        world (a larger collective goes in pieces).
 
         Every rank must call it, with the same ``largest_numel``; whether the lane opened is
         agreed by all (any rank that cannot map the segments makes all use gloo).
         """
-        slot_bytes = shm.slot_bytes_for(4 * largest_numel)
+        slot_bytes = shm.slot_bytes_for(4 * largest_numel, self.world_size)
         if self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu":
             return self.lane is not None
         offer = (shm.lane_supported(), shm.host_identity(), shm.new_token())

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import torch.distributed as dist
+
 from zerorun.engine.comm.shm import SharedLane
 
 
@@ -29,6 +31,14 @@ class Pending:
         self._then = fn
         return self
 
+    def ready(self) -> bool:
+        """Whether ``wait()`` would not block: the collective has finished (or the backend cannot
+        say: then False), its completion perhaps still to run."""
+        if self.done or self._work is None:
+            return True
+        finished = getattr(self._work, "is_completed", None)
+        return finished is not None and bool(finished())
+
     def wait(self) -> None:
         if self.done:
             return
@@ -42,9 +52,12 @@ class Pending:
 class Exchange:
     """The point-to-point works of one emulated collective; ``finish`` runs once all completed."""
 
-    def __init__(self, works: list[Work], finish: Callable[[], None] | None = None) -> None:
+    def __init__(self, works: list[dist.Work], finish: Callable[[], None] | None = None) -> None:
         self.works = works
         self.finish = finish
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
 
     def wait(self) -> None:
         for w in self.works:
@@ -59,6 +72,9 @@ class LaneWork:
     def __init__(self, lane: SharedLane, seq: int) -> None:
         self.lane = lane
         self.seq = seq
+
+    def is_completed(self) -> bool:
+        return self.lane.posted_by_all(self.seq)  # completing it reads this rank's slots only: no wait
 
     def wait(self) -> None:
         self.lane.complete_through(self.seq)

@@ -108,7 +108,10 @@ class ShardedGradSync(GradSyncBase):
         return True  # DeepSpeed's stage 2 reduces on every micro-step
 
     def _acquire(self, bucket_index: int) -> torch.Tensor:
-        """A staging buffer: a free one, a new one within ``limit``, the oldest in flight's, or one extra."""
+        """A staging buffer: a free one, a finished reduction's, a new one within ``limit``, the
+        oldest in flight's, or one extra."""
+        if not self.free and self.inflight and self.inflight[0].ready():
+            self.inflight.popleft().wait()  # the oldest reduction is over: reuse its buffer, don't grow
         if not self.free and self.allocated < self.limit:
             self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
             self.free.append(self._new())
