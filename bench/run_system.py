@@ -77,7 +77,10 @@ def setup_zerorun(args, model, world: int, cfg: dict[str, Any] | None = None
         with zerorun.zero.GatheredParameters(list(model.parameters())):
             return [p.detach().clone() for p in model.parameters()]
 
-    from zerorun.engine.metrics import model_state_bytes
+    try:
+        from zerorun.engine.metrics import model_state_bytes
+    except ImportError:  # an A/B arm of an older checkout (bench/compare.py --ab-path): the module's old name
+        from zerorun.engine.figures import model_state_bytes
 
     return step, lambda: model_state_bytes(engine.memory_breakdown()), full_params, comm_bytes
 
