@@ -60,6 +60,8 @@ class Parts:
 
 @dataclass
 class Layout:
+    """The buckets a build packs (step 1 of the recipe), in the order the optimizer groups and the hooks use."""
+
     buckets: list[FlatBucket]  # PartitionedBucket (a FlatBucket) in the unit layout
     group_of_bucket: list[int]
     frozen: list[PartitionedBucket] = field(default_factory=list)
