@@ -29,14 +29,17 @@ from zerorun.engine.offload.swapper import check_space
 STEPS = 5
 PLACEMENTS = ("none", "cpu", "nvme")
 CASES = [Case(1), Case(2, overlap=True), Case(3), Case(2, "fp16")]
+# the offload's copies under the deferred-copy stand-in (zerorun.engine.offload.copy_checks): each
+# queued host<->device copy lands, or frees its host side, only at its fence; one case, both devices
+DEFERRED_CASE = CASES[1]
 
 
 def _offload(kind: str, root: str) -> dict[str, Any] | None:
     if kind == "none":
         return None
-    if kind == "cpu":
+    if kind.startswith("cpu"):
         return {"device": "cpu", "pin_memory": True}
-    return {"device": "nvme", "nvme_path": root, "buffer_count": 2}
+    return {"device": "nvme", "nvme_path": root, "buffer_count": 2, "pin_memory": kind.endswith("deferred")}
 
 
 def _engine(case: Case, world: int, kind: str, root: str) -> Any:
@@ -47,8 +50,26 @@ def _engine(case: Case, world: int, kind: str, root: str) -> Any:
     return engine
 
 
+def _deferred(case: Case, rank: int, world: int, root: str) -> dict[str, dict[str, Any]]:
+    from zerorun.engine.offload.copy_checks import CHECK_ENV, DeferredTransfers
+
+    out = {}
+    os.environ[CHECK_ENV] = "deferred"
+    try:
+        for kind in ("cpu-deferred", "nvme-deferred"):
+            engine = _engine(case, world, kind, os.path.join(root, f"swap{rank}-{kind}"))
+            stand_in = isinstance(engine.parts.masters.copies, DeferredTransfers) and engine.parts.masters.copies.pins
+            out[f"{case.name}/{kind}"] = {"losses": train(engine, rank, world, 0, STEPS), **snapshot(engine),
+                                         "stand_in": stand_in}
+            if kind.startswith("nvme"):
+                engine.parts.masters.close()
+    finally:
+        del os.environ[CHECK_ENV]
+    return out
+
+
 def _parity(rank: int, world: int, root: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = _deferred(DEFERRED_CASE, rank, world, root)
     for case in CASES:
         for kind in PLACEMENTS:
             engine = _engine(case, world, kind, os.path.join(root, f"swap{rank}"))
@@ -91,6 +112,17 @@ def test_offload_trains_exactly_as_no_offload(parity: list[dict[str, Any]], case
         ref, got = r[f"{case.name}/none"], r[f"{case.name}/{kind}"]
         assert got["losses"] == ref["losses"], f"[rank {rank}] {case.name} {kind}"
         assert got["global_steps"] == STEPS and got["loss_scale"] == ref["loss_scale"]
+        for n, p in ref["params"].items():
+            assert torch.equal(got["params"][n], p), f"[rank {rank}] {case.name} {kind}: {n}"
+
+
+@pytest.mark.parametrize("kind", ["cpu-deferred", "nvme-deferred"])
+def test_offload_trains_exactly_under_the_deferred_copy_stand_in(parity: list[dict[str, Any]], kind: str) -> None:
+    case = DEFERRED_CASE
+    for rank, r in enumerate(parity):
+        ref, got = r[f"{case.name}/none"], r[f"{case.name}/{kind}"]
+        assert got["stand_in"], "the stand-in did not pin: the copies ran blocking"
+        assert got["losses"] == ref["losses"], f"[rank {rank}] {case.name} {kind}"
         for n, p in ref["params"].items():
             assert torch.equal(got["params"][n], p), f"[rank {rank}] {case.name} {kind}: {n}"
 

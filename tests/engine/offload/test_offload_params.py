@@ -46,6 +46,10 @@ def _config(case: Case, kind: str, root: str) -> dict[str, Any]:
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
     elif kind == "nvme":
         cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": root, "buffer_count": 2}
+    elif kind == "nvme-deferred":  # pinned: the ring of staged reads, under the deferred-copy stand-in
+        cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": root, "buffer_count": 2,
+                                                     "pin_memory": True}
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return cfg
 
 
@@ -111,9 +115,39 @@ def _checkpoint_round_trip(case: Case, engine: Any, params: list[torch.Tensor], 
     return equal
 
 
+def _deferred(case: Case, rank: int, world: int, root: str) -> dict[str, Any]:
+    """The first case with pinned nvme parameters and cpu optimizer offload under the deferred-copy
+    stand-in (zerorun.engine.offload.copy_checks): a copy nothing waits for fails it."""
+    import zerorun
+    from zerorun.engine.offload.copy_checks import CHECK_ENV, DeferredTransfers
+
+    os.environ[CHECK_ENV] = "deferred"
+    try:
+        model = make_model(case.model)
+        engine, _, _, _ = zerorun.initialize(model=model, config=_config(case, "nvme-deferred", root))
+        losses = []
+        for step in range(STEPS):
+            x, y = global_batch(case.model, step, MICRO_BATCH * world)
+            loss = loss_fn(case.model, engine(x[rank_rows(0, rank, world)]), y[rank_rows(0, rank, world)])
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        off = engine.parts.param_offload
+        with zerorun.zero.GatheredParameters(list(model.parameters())):
+            params = [p.detach().float().clone() for p in model.parameters()]
+        out = {"losses": losses, "params": params, "stand_in": isinstance(off.copies, DeferredTransfers),
+               "buckets": len(engine.parts.buckets)}
+        off.close()
+        return out
+    finally:
+        del os.environ[CHECK_ENV]
+
+
 def _all(rank: int, world: int, root: str) -> dict[str, Any]:
-    return {f"{case.name}/{kind}": _train(case, kind, rank, world, os.path.join(root, f"swap{rank}"))
-            for case in CASES for kind in PLACEMENTS}
+    out = {f"{case.name}/{kind}": _train(case, kind, rank, world, os.path.join(root, f"swap{rank}"))
+           for case in CASES for kind in PLACEMENTS}
+    out["deferred"] = _deferred(CASES[0], rank, world, os.path.join(root, f"swap{rank}-deferred"))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +168,15 @@ def test_param_offload_trains_exactly_as_stage3(runs: list[dict[str, Any]], case
         for i, (a, b) in enumerate(zip(got["params"], ref["params"], strict=True)):
             assert torch.equal(a, b), f"[rank {rank}] {case.name} {kind}: parameter {i}"
         assert got["states"] == ["sharded"]
+
+
+def test_pinned_nvme_offload_trains_exactly_under_the_deferred_copy_stand_in(runs: list[dict[str, Any]]) -> None:
+    for rank, r in enumerate(runs[:2]):
+        ref, got = r[f"{CASES[0].name}/none"], r["deferred"]
+        assert got["stand_in"] and got["buckets"] > 2  # more units than ring slots: every slot is reused
+        assert got["losses"] == ref["losses"], f"[rank {rank}]"
+        for i, (a, b) in enumerate(zip(got["params"], ref["params"], strict=True)):
+            assert torch.equal(a, b), f"[rank {rank}] parameter {i}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -135,7 +135,10 @@ class PartitionedBucket(FlatBucket):
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
         self._version = full._version  # restored when the refill is complete (see _keep_version)
-        self.shard(full).copy_(local, non_blocking=True)
+        if self.offload is None:
+            self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
+        else:
+            self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
         self._pending = self.coll.all_gather(full, async_op=True)
 
     def wait(self) -> None:

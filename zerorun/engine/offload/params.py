@@ -108,6 +108,16 @@ class ParamOffload:
             self.reads[i] = self.swapper.read(f"p{i}", *self.meta[i])
         return self.copies.staged(self._wait(self.reads.pop(i)))  # pinned through a fixed ring: no growth
 
+    def upload(self, dst: torch.Tensor, shard: torch.Tensor) -> None:
+        """Copy a fetched resting shard into its gather buffer on the compute device.
+
+        Through the copier, never a bare ``non_blocking`` copy: a swapped shard sits in a slot of
+        the pinned ring, and the copy's fence is what lets the ring reuse the slot only once the
+        stream has read it (a bare copy left nothing to wait for: the third fetch overwrote slot 0
+        while the first copy was still queued behind compute).
+        """
+        self.copies.copy(dst, shard)
+
     # ---- life cycle ---------------------------------------------------------------------------
     def _wait(self, future: Future[_T]) -> _T:
         try:

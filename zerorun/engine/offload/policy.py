@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from zerorun.engine.errors import EngineError
+from zerorun.engine.offload import copy_checks
 from zerorun.engine.offload.copies import Transfers
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ class OffloadPolicy:
         return self.pin_memory and torch.cuda.is_available()
 
     def transfers(self) -> Transfers:
-        """The host<->device copier of this placement (pinned when the policy pins)."""
-        return Transfers(self.pin_memory)
+        """The host<->device copier of this placement (pinned when the policy pins; the CPU stand-in
+        under ``ZERORUN_CHECK_COPIES=deferred``, :mod:`zerorun.engine.offload.copy_checks`)."""
+        return copy_checks.transfers(self.pin_memory)
 
     def host_copy(self, t: torch.Tensor) -> torch.Tensor:
         """A host (CPU) fp32 copy of ``t``, pinned when the policy pins."""

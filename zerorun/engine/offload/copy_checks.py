@@ -1,0 +1,218 @@
+"""A CPU stand-in for asynchronous host<->device copies (``ZERORUN_CHECK_COPIES=deferred``).
+
+On a GPU a ``non_blocking`` copy through pinned memory runs later, on the stream, and the
+host learns it is done only by waiting for an event recorded after it. On the CPU every
+copy is done when it returns, so a missing wait cannot show in a CPU test. This mode makes
+it show: the offload's :class:`~zerorun.engine.offload.copies.Transfers` become
+:class:`DeferredTransfers`, which pretend CUDA is present (when the policy pins), keep
+their own "pinned" host buffers (a registry: the CPU has no pinned memory) and treat every
+other tensor as a device tensor. Then, for every copy they queue:
+
+* device->host: the copy is deferred until its fence is waited for. Until then the
+  destination holds poison (NaN, or a sentinel for integers), so a host read before the
+  wait gets poison (the parity suites fail); a destination written or freed before the wait
+  raises :class:`CopyRaceError`. What lands is the source as it was when the copy was issued
+  (what the stream would have copied).
+* host->device: the destination is written at once (the device work after it on the stream
+  sees it), and the host source must stay as it was until the copy's fence is waited for: at
+  the wait it is compared with a snapshot taken at issue, and a source changed meanwhile
+  poisons the destination and raises :class:`CopyRaceError`.
+* a slot of the pinned ring (:meth:`Transfers.staged`) reused before the copy that read it
+  was waited for, or never read through :meth:`Transfers.copy` at all (then nothing could
+  wait for the copy: it was issued elsewhere), raises :class:`CopyRaceError` at the reuse.
+
+Every stand-in transfer shares one :class:`CopyStream` per process (on a GPU they share the
+current stream: an event recorded by one covers the copies queued by all before it).
+Spawned ranks inherit the variable; the parity suites run under it (tests/engine/offload/).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from zerorun.engine.errors import EngineError
+from zerorun.engine.offload.copies import Transfers
+
+CHECK_ENV = "ZERORUN_CHECK_COPIES"
+MODES = frozenset({"deferred"})
+_INT_POISON = -0x5A5A5A5A
+
+
+class CopyRaceError(AssertionError):
+    """A host buffer of a queued copy was used before the copy was waited for."""
+
+
+def check_modes(env: Mapping[str, str] = os.environ) -> frozenset[str]:
+    """The modes ``ZERORUN_CHECK_COPIES`` turns on (none when unset)."""
+    modes = frozenset(m.strip().lower() for m in env.get(CHECK_ENV, "").split(",") if m.strip())
+    unknown = sorted(modes - MODES)
+    if unknown:
+        raise EngineError(f"{CHECK_ENV} names unknown mode(s) {', '.join(unknown)}",
+                          f"use {', '.join(sorted(MODES))}, or unset it")
+    return modes
+
+
+def poison(t: torch.Tensor) -> None:
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(_INT_POISON if t.element_size() >= 4 else -0x5A)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal (NaN equals NaN)."""
+    if a.is_floating_point():
+        return bool((a.eq(b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+@dataclass
+class InFlight:
+    """One queued copy: ``to_host`` (device->host, deferred) or host->device (source watched)."""
+
+    seq: int
+    to_host: bool
+    dst: torch.Tensor
+    src: torch.Tensor
+    snapshot: torch.Tensor
+    dst_storage: tuple[int, int]
+    dst_version: int
+
+    def complete(self) -> None:
+        what = f"a non_blocking copy of {self.dst.numel()} {self.dst.dtype}"
+        if self.to_host:
+            if _storage_key(self.dst) != self.dst_storage:
+                raise CopyRaceError(f"the pinned destination of {what} (device->host) was freed or reallocated "
+                                    "before its fence was waited for: on a GPU the copy writes released memory")
+            if self.dst._version != self.dst_version:
+                raise CopyRaceError(f"the pinned destination of {what} (device->host) was written before its "
+                                    "fence was waited for: on a GPU the copy overwrites that write later")
+            self.dst.copy_(self.snapshot)
+        elif not _same(self.src, self.snapshot):
+            if self.dst.untyped_storage().nbytes():
+                poison(self.dst)
+            raise CopyRaceError(f"the pinned source of {what} (host->device) was overwritten before its fence "
+                                "was waited for: on a GPU the copy may read the new bytes")
+
+
+class CopyStream:
+    """The stand-in's current stream: copies in flight in issue order, and the "pinned" host buffers."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.inflight: list[InFlight] = []
+        self._pinned: dict[tuple[int, int], weakref.ref[torch.Tensor]] = {}
+
+    def register(self, t: torch.Tensor) -> torch.Tensor:
+        self._pinned[_storage_key(t)] = weakref.ref(t)
+        return t
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        ref = self._pinned.get(_storage_key(t))
+        return ref is not None and ref() is not None
+
+    def issue(self, dst: torch.Tensor, src: torch.Tensor, to_host: bool) -> None:
+        self.seq += 1
+        snapshot = src.detach().clone()
+        if to_host:
+            poison(dst)
+        else:
+            dst.copy_(src)
+        self.inflight.append(InFlight(self.seq, to_host, dst, src, snapshot, _storage_key(dst), dst._version))
+
+    def complete(self, upto: int) -> None:
+        done = [c for c in self.inflight if c.seq <= upto]
+        self.inflight = [c for c in self.inflight if c.seq > upto]
+        for c in done:
+            c.complete()
+
+    def reading(self, host: torch.Tensor) -> list[InFlight]:
+        """Copies in flight whose host side is ``host``'s storage."""
+        key = _storage_key(host)[0]
+        return [c for c in self.inflight
+                if _storage_key(c.dst if c.to_host else c.src)[0] == key]
+
+
+class StandInEvent:
+    def __init__(self, stream: CopyStream) -> None:
+        self.stream = stream
+        self.upto = 0
+
+    def record(self) -> None:
+        self.upto = self.stream.seq
+
+    def synchronize(self) -> None:
+        self.stream.complete(self.upto)
+
+
+class StandInCuda:
+    """What :class:`Transfers` asks of ``torch.cuda``: available, events on the stand-in stream."""
+
+    def __init__(self, stream: CopyStream) -> None:
+        self.stream = stream
+
+    def is_available(self) -> bool:
+        return True
+
+    def Event(self) -> StandInEvent:  # noqa: N802 - torch.cuda's name
+        return StandInEvent(self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.complete(self.stream.seq)
+
+
+class DeferredTransfers(Transfers):
+    """:class:`Transfers` over the stand-in stream: queued copies are deferred or watched until waited for."""
+
+    def __init__(self, pin_memory: bool, stream: CopyStream) -> None:
+        super().__init__(pin_memory, StandInCuda(stream))
+        self.stream = stream
+
+    def _pin(self, t: torch.Tensor) -> torch.Tensor:
+        return self.stream.register(t.clone())
+
+    def _pinned_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        return self.stream.register(torch.empty(shape, dtype=dtype))
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return self.stream.is_pinned(t)
+
+    def on_host(self, t: torch.Tensor) -> bool:
+        return self.stream.is_pinned(t)  # every other tensor stands for a device tensor
+
+    def _issue(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        self.stream.issue(dst, src, to_host=self.on_host(dst))
+
+    def _settle_slot(self, k: int) -> None:
+        super()._settle_slot(k)
+        if self.stream.reading(self._ring[k]):  # a copy of the slot that the slot's fence did not cover
+            raise CopyRaceError(f"pinned ring slot {k} is reused while a copy that reads it is still in flight")
+
+    def _unconsumed_slot(self, index: int) -> None:
+        raise CopyRaceError(f"pinned ring slot {index} (Transfers.staged) is reused, but no copy through "
+                            "Transfers.copy read it: the copy that did was issued elsewhere, so nothing waited "
+                            "for it before the slot is overwritten (on a GPU it may read the new bytes)")
+
+
+_STREAM: list[CopyStream] = []  # one per process, made on first use: the stand-in of the current stream
+
+
+def transfers(pin_memory: bool) -> Transfers:
+    """The transfers of an offload policy: the stand-in when ``ZERORUN_CHECK_COPIES=deferred``."""
+    if "deferred" not in check_modes():
+        return Transfers(pin_memory)
+    if not _STREAM:
+        _STREAM.append(CopyStream())
+    return DeferredTransfers(pin_memory, _STREAM[0])
