@@ -1,8 +1,10 @@
 """The per-node agent: ``python -m launcher.agent --node_rank K [--payload FILE]``.
 
 The only code that spawns ranks. It reads the plan (JSON, with the env values) from
-the first line of stdin or from a 0600 file it deletes, starts the node's ranks
-(each in its own session, so a signal reaches the rank's whole process group),
+the first line of stdin or from a 0600 file it deletes (refused unless this user owns
+the file and its folder, neither open to others, and the file is no symlink), starts
+the node's ranks (each in its own session, so a signal reaches the rank's whole
+process group, and each with a lifeline: a SIGKILLed agent takes its ranks along),
 prefixes their output, and watches them. On the first rank failure it stops every
 rank on the node (SIGTERM, SIGKILL after ``kill_timeout``), reports the failure as
 an event line and exits with that rank's status (128+N for a signal). It keeps
@@ -22,16 +24,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO
 
 from launcher.affinity import available_cores, core_share
 from launcher.devices import gpu_count
 from launcher.lifecycle import RankState, exit_status, transition
+from launcher.lifeline import die_with_parent
 from launcher.output import OutputSink
 from launcher.plan import DeviceMode, LaunchPlan, rank_argv, rank_env
-from launcher.protocol import Command, encode_event
+from launcher.planfile import read_plan_file
+from launcher.protocol import MAX_TEXT, Command, encode_event
 from zerorun.compat.activate import rank_env as compat_env
 
 POLL_S = 0.05
@@ -54,18 +58,19 @@ class RankProcess:
 
 
 def read_payload(payload: str | None, stdin: IO[bytes]) -> LaunchPlan:
-    """The plan from ``payload`` (deleted once read) or from the first line of stdin."""
-    if payload is not None:
-        path = Path(payload)
-        try:
-            text = path.read_text()
-        finally:
-            path.unlink(missing_ok=True)
-    else:
-        text = stdin.readline().decode()
+    """The plan from ``payload`` (checked, deleted once read) or from the first line of stdin."""
+    text = read_plan_file(payload) if payload is not None else stdin.readline().decode()
     if not text.strip():
         raise SystemExit("zerorun agent: no plan received (empty stdin or payload file)")
     return LaunchPlan.from_dict(json.loads(text))
+
+
+def _arm(lifeline: Callable[[], None], pin: Callable[[], None] | None) -> None:
+    """In the rank's child process before exec: the lifeline (a rank gets SIGKILL when its
+    agent dies, SIGKILLed or OOM-killed: no orphan trains on), then the core binding."""
+    lifeline()
+    if pin is not None:
+        pin()
 
 
 class Agent:
@@ -76,7 +81,7 @@ class Agent:
         self.node = plan.node(node_rank)
         self.sink = sink
         self.ranks: list[RankProcess] = []
-        self.commands: queue.Queue[str] = queue.Queue()
+        self.commands: queue.SimpleQueue[str] = queue.SimpleQueue()  # signal handlers put here: no lock to deadlock on
         self.failure: tuple[RankProcess, int] | None = None
         self.stop_reason: str | None = None
         self.kill_deadline: float | None = None
@@ -86,6 +91,7 @@ class Agent:
             self.plan.options.devices is DeviceMode.AUTO and gpu_count() > 0
         )
         shares = self._core_shares()
+        lifeline = die_with_parent(signal.SIGKILL)
         for local_rank, rank in enumerate(self.node.ranks):
             env = {**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)}
             env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
@@ -94,7 +100,7 @@ class Agent:
                 env["OMP_NUM_THREADS"] = str(len(shares[local_rank]))
                 pin = functools.partial(os.sched_setaffinity, 0, shares[local_rank])  # in the child, before exec
             proc = subprocess.Popen(
-                rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd, preexec_fn=pin,
+                rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd, preexec_fn=functools.partial(_arm, lifeline, pin),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             )
             rp = RankProcess(rank, local_rank, proc)
@@ -103,8 +109,8 @@ class Agent:
                 t.start()
                 rp.readers.append(t)
             self.ranks.append(rp)
-        pids = {rp.rank: rp.proc.pid for rp in self.ranks}
-        self.sink.raw(encode_event("started", node_rank=self.node.node_rank, host=self.node.host, pids=pids))
+        pids = {str(rp.rank): rp.proc.pid for rp in self.ranks}
+        self.sink.raw(encode_event(self.plan.channel_key, "started", node_rank=self.node.node_rank, host=self.node.host, pids=pids))
 
     def _core_shares(self) -> list[list[int]] | None:
         """Each local rank's cores under ``--bind_cores_to_rank`` (None without it)."""
@@ -177,9 +183,9 @@ class Agent:
             t.join(timeout=1.0)  # the rank's last lines belong in the report
         sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else None
         self.sink.raw(encode_event(
-            "failed", node_rank=self.node.node_rank, host=self.node.host, rank=rp.rank, local_rank=rp.local_rank,
+            self.plan.channel_key, "failed", node_rank=self.node.node_rank, host=self.node.host, rank=rp.rank, local_rank=rp.local_rank,
             exit_code=status, signal=sig, pid=rp.proc.pid, time=time.time(),
-            stderr_tail=self.sink.tail(rp.rank), log_path=self.sink.log_path(rp.rank),
+            stderr_tail=[t[:MAX_TEXT] for t in self.sink.tail(rp.rank)], log_path=self.sink.log_path(rp.rank),
         ))
         self.stop(f"rank {rp.rank} failed")
 
@@ -233,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=agent.watch_stdin, args=(stdin,), daemon=True).start()
     agent.start()
     status = agent.loop()
-    sink.raw(encode_event("exited", node_rank=node.node_rank, host=node.host, exit_code=status, reason=agent.stop_reason))
+    sink.raw(encode_event(plan.channel_key, "exited", node_rank=node.node_rank, host=node.host, exit_code=status, reason=agent.stop_reason))
     sink.close()
     return status
 

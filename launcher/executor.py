@@ -5,6 +5,14 @@ ssh failing to connect) stops every other node at once: agents fed on stdin get
 ``stop`` and EOF; pdsh, srun and mpirun get SIGTERM on their process group, which
 closes their ssh connections, so the remote agents see EOF and stop their ranks.
 The first Ctrl-C forwards SIGINT to every rank; a second one kills.
+
+Events reach the executor only on the channel of launcher/protocol.py (the attempt's
+key, checked fields); anything else on an agent's stdout is a rank's text and is
+printed as such. Signal handlers only put the signal on a ``SimpleQueue``: the main
+loop acts on it, so a handler never takes a lock the interrupted code may hold, and
+no node starts once a signal has arrived. Every command carries a lifeline (it gets
+SIGTERM if the launcher dies): pdsh, srun and mpirun tear their job down, an agent
+stops its ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
@@ -26,7 +35,9 @@ from typing import IO, TextIO
 from launcher.lifecycle import exit_status
 from launcher.lifeline import die_with_parent
 from launcher.plan import LaunchPlan
-from launcher.protocol import Command, decode_event
+from launcher.planfile import write_plan_file
+from launcher.procs import ProcInfo, child_groups, kill_group
+from launcher.protocol import BadEvent, Command, Event, decode_event
 from launcher.report import Failure
 from launcher.runners import NodeCommand, PayloadMode
 
@@ -46,7 +57,9 @@ class NodeRun:
     readers: list[threading.Thread] = field(default_factory=list)
     reported: bool = False
     stdin_open: bool = True
-    rank_pids: tuple[int, ...] = ()
+    rank_groups: tuple[ProcInfo, ...] = ()
+    """A local agent's ranks, as proven children of that agent (launcher/procs.py)."""
+    started: bool = False
 
     def send(self, cmd: Command, close: bool = False) -> None:
         if self.proc.stdin is None or not self.stdin_open:
@@ -67,10 +80,12 @@ class NodeRun:
     def kill(self) -> None:
         """SIGKILL the command's group and, for a local agent, its ranks' groups."""
         self.signal_group(signal.SIGKILL)
-        if not self.command.remote:
-            for pid in self.rank_pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+        self.kill_ranks()
+
+    def kill_ranks(self) -> None:
+        """SIGKILL the rank groups a local agent started (each only while it is still that process)."""
+        for info in self.rank_groups:
+            kill_group(info)
 
 
 @dataclass
@@ -81,12 +96,7 @@ class RunResult:
     started_at: dict[int, float] = field(default_factory=dict)
 
 
-def write_payload(path: str, data: str) -> None:
-    """Write ``data`` to ``path`` readable by the owner only (created 0600, never wider)."""
-    Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data)
+Handler = Callable[[NodeRun, Event], None]
 
 
 class Executor:
@@ -98,7 +108,9 @@ class Executor:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.runs: list[NodeRun] = []
-        self.events: queue.Queue[tuple[NodeRun, dict]] = queue.Queue()
+        self.events: queue.Queue[tuple[NodeRun, Event]] = queue.Queue()
+        self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        """Signals the handler received, for the main loop to act on (the handler does nothing else)."""
         self.failures: list[Failure] = []
         self.started_at: dict[int, float] = {}
         self.interrupts = 0
@@ -106,18 +118,23 @@ class Executor:
         self.kill_at: float | None = None
         self.signal_status = 130
         self._lock = threading.Lock()
+        self.handlers: dict[str, list[Handler]] = {
+            "started": [self._on_started], "failed": [self._on_failed], "exited": []}
+
+    def on(self, kind: str, handler: Handler) -> None:
+        """Call ``handler(run, event)`` for every checked event of ``kind`` (a key of protocol.EVENTS)."""
+        self.handlers.setdefault(kind, []).append(handler)
 
     def _start(self, cmd: NodeCommand, payload: str) -> NodeRun:
         if cmd.payload is PayloadMode.FILE:
             assert cmd.payload_path is not None
-            write_payload(cmd.payload_path, payload)
+            write_plan_file(cmd.payload_path, payload)
         stdin = subprocess.DEVNULL if cmd.payload is PayloadMode.NONE else subprocess.PIPE
-        # srun/mpirun hold no pipe to us that they would notice closing: if the launcher is
-        # killed they get SIGTERM instead and tear their job down
-        lifeline = die_with_parent(signal.SIGTERM) if cmd.payload is PayloadMode.NONE else None
+        # every command gets SIGTERM if the launcher dies (SIGKILL, OOM): srun, mpirun and pdsh
+        # tear their job down, an agent stops its ranks (ssh's agents also see EOF)
         proc = subprocess.Popen(
             list(cmd.argv), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, **dict(cmd.env)}, start_new_session=True, preexec_fn=lifeline,
+            env={**os.environ, **dict(cmd.env)}, start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM),
         )
         run = NodeRun(cmd, proc)
         if cmd.payload is PayloadMode.STDIN:
@@ -133,12 +150,18 @@ class Executor:
     def _pump(self, run: NodeRun, stream: IO[bytes] | None, is_err: bool) -> None:
         assert stream is not None
         sink = self.err if is_err else self.out
+        anywhere = run.command.payload is PayloadMode.NONE  # srun --label / mpirun --tag-output prefix lines
         for data in iter(stream.readline, b""):
             text = data.decode(errors="replace")
-            event = None if is_err else decode_event(text)
-            if event is not None:
-                self.events.put((run, event))
-                continue
+            if not is_err:
+                try:
+                    event = decode_event(text, self.plan.channel_key, anywhere)
+                except BadEvent as e:
+                    self._note(f"ignored a malformed event from {run.command.host}: {e}")
+                    continue
+                if event is not None:
+                    self.events.put((run, event))
+                    continue
             if is_err:
                 run.stderr_tail.append(text.rstrip("\n"))
             with self._lock:
@@ -150,24 +173,57 @@ class Executor:
             self.err.write(f"zerorun: {text}\n")
             self.err.flush()
 
-    def _on_event(self, run: NodeRun, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "started":
-            self.started_at[int(event.get("node_rank", -1))] = time.time()
-            run.rank_pids = tuple(int(p) for p in (event.get("pids") or {}).values())
-        elif kind == "failed":
-            run.reported = True
-            failure = Failure.from_event(event)
-            self.failures.append(failure)
-            if len(self.failures) == 1:
-                self._note(f"rank {failure.rank} on {failure.host} failed ({failure.describe_code()}); stopping every node")
-                self.stop_all()
+    def _on_event(self, run: NodeRun, event: Event) -> None:
+        for handler in self.handlers.get(event.kind, ()):
+            try:
+                handler(run, event)
+            except Exception as e:  # a handler's bug must not take the run's teardown down with it
+                self._note(f"ignored {event.kind} event from {run.command.host}: {type(e).__name__}: {e}")
+
+    def _node_mismatch(self, run: NodeRun, event: Event) -> str | None:
+        """Why ``event`` cannot come from ``run``'s node (None when it can)."""
+        node_rank = run.command.node_rank
+        if node_rank is not None and event.get("node_rank") != node_rank:
+            return f"it names node {event.get('node_rank')}, it came from node {node_rank}"
+        rank = event.get("rank")
+        ranks = self.plan.node(node_rank).ranks if node_rank is not None else range(self.plan.world_size)
+        if rank is not None and rank not in ranks:
+            return f"rank {rank} does not run there"
+        return None
+
+    def _on_started(self, run: NodeRun, event: Event) -> None:
+        problem = "a second started event" if run.started else self._node_mismatch(run, event)
+        if problem is None and run.command.node_rank is not None:
+            ranks = {int(r) for r in event.fields["pids"]}
+            if not ranks <= set(self.plan.node(run.command.node_rank).ranks):
+                problem = f"pids for ranks {sorted(ranks)} of another node"
+        if problem is not None:
+            self._note(f"ignored a started event from {run.command.host}: {problem}")
+            return
+        run.started = True
+        self.started_at[event.fields["node_rank"]] = time.time()
+        if not run.command.remote:  # only pids /proc shows to be this agent's children are ever killed
+            run.rank_groups = tuple(child_groups(run.proc.pid, list(event.fields["pids"].values())))
+
+    def _on_failed(self, run: NodeRun, event: Event) -> None:
+        problem = self._node_mismatch(run, event)
+        if problem is not None:
+            self._note(f"ignored a failed event from {run.command.host}: {problem}")
+            return
+        run.reported = True
+        failure = Failure.from_event(event.fields)
+        self.failures.append(failure)
+        if len(self.failures) == 1:
+            self._note(f"rank {failure.rank} on {failure.host} failed ({failure.describe_code()}); stopping every node")
+            self.stop_all()
 
     def _on_exit(self, run: NodeRun) -> None:
         for t in run.readers:
             t.join(timeout=2.0)  # drain: a 'failed' event may still be in the pipe
         self._drain_events()
         rc = run.proc.returncode
+        if rc != 0:
+            run.kill_ranks()  # a local agent that died (SIGKILL, OOM) leaves its ranks to us
         if rc != 0 and not run.reported and self.stopping_since is None and not self.interrupts:
             code = exit_status(rc)
             host = run.command.host
@@ -200,18 +256,25 @@ class Executor:
                 run.signal_group(signal.SIGKILL if cmd is Command.KILL else signal.SIGTERM)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self.interrupts += 1
-        if self.interrupts == 1:
-            self.signal_status = 128 + signum
-        if signum != signal.SIGINT:
-            self._note(f"received {signal.Signals(signum).name}; stopping every node")
-            self.stop_all(Command.STOP)
-        elif self.interrupts == 1:
-            self._note("Ctrl-C: forwarding SIGINT to every rank (press Ctrl-C again to kill)")
-            self.stop_all(Command.INT)
-        else:
-            self._note("second Ctrl-C: killing every rank")
-            self.stop_all(Command.KILL)
+        """The handler: only a put on a SimpleQueue (reentrant; no lock the interrupted code may hold)."""
+        self.signals.put(signum)
+
+    def _handle_signals(self) -> None:
+        """Act on the signals received since the last call (the main loop's side of the handler)."""
+        while not self.signals.empty():
+            signum = self.signals.get()
+            self.interrupts += 1
+            if self.interrupts == 1:
+                self.signal_status = 128 + signum
+            if signum != signal.SIGINT:
+                self._note(f"received {signal.Signals(signum).name}; stopping every node")
+                self.stop_all(Command.STOP)
+            elif self.interrupts == 1:
+                self._note("Ctrl-C: forwarding SIGINT to every rank (press Ctrl-C again to kill)")
+                self.stop_all(Command.INT)
+            else:
+                self._note("second Ctrl-C: killing every rank")
+                self.stop_all(Command.KILL)
 
     def run(self) -> RunResult:
         """Start every command, relay output, wait; the exit code is the first failure's."""
@@ -223,6 +286,8 @@ class Executor:
                 signal.signal(s, self._on_signal)
         try:
             for cmd in self.commands:
+                if not self.signals.empty():  # a signal mid-start: no further node starts
+                    break
                 self.runs.append(self._start(cmd, payload))
             self._watch()
         finally:
@@ -235,6 +300,7 @@ class Executor:
     def _watch(self) -> None:
         pending = list(self.runs)
         while pending:
+            self._handle_signals()
             try:
                 run, event = self.events.get(timeout=0.05)
                 self._on_event(run, event)
@@ -246,6 +312,7 @@ class Executor:
             if self.kill_at is not None and time.monotonic() > self.kill_at:
                 for run in pending:
                     run.kill()
+        self._handle_signals()
         self._drain_events()
 
     def _exit_code(self) -> int:

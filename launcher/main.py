@@ -13,7 +13,6 @@ import shlex
 import shutil
 import socket
 import sys
-import uuid
 from pathlib import Path
 
 from launcher.affinity import available_cores, core_share
@@ -25,8 +24,9 @@ from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
 from launcher.filters import NodeSlots, check_exclusive, limit, select
 from launcher.hostfile import Host, find_hosts
-from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan
+from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
 from launcher.preflight import preflight
+from launcher.protocol import new_key
 from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 from zerorun.compat import ENV_VAR as COMPAT_ENV
@@ -202,10 +202,10 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
     )
     command = rank_command(ns)
     plan = build_plan(
-        nodes, command=command, args_start=len(command) - len(ns.script_args), job_id=uuid.uuid4().hex[:12], cwd=str(cwd), python=sys.executable,
+        nodes, command=command, args_start=len(command) - len(ns.script_args), job_id=new_job_id(), cwd=str(cwd), python=sys.executable,
         master_addr=ns.master_addr, master_port=port, port_reason=port_reason, local=local,
         pass_local_rank=ns.pass_local_rank, env=env, options=options,
-        visible_devices=gpus if visible_devices(os.environ) is not None else (),
+        visible_devices=gpus if visible_devices(os.environ) is not None else (), channel_key=new_key(),
     )
     return plan, config
 

@@ -9,6 +9,7 @@ agent computes each rank's env with the same pure functions the dry-run prints.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -80,6 +81,9 @@ class LaunchPlan:
     visible_devices: tuple[str, ...] = ()
     """A local launch's inherited ``CUDA_VISIBLE_DEVICES``: slot ``s`` is GPU ``visible_devices[s]``
     (empty: slot ids are GPU ids)."""
+    channel_key: str = ""
+    """This attempt's secret that authenticates the agents' events (launcher/protocol.py); never
+    printed, never in a rank's env."""
 
     @property
     def world_size(self) -> int:
@@ -116,7 +120,13 @@ class LaunchPlan:
             options=AgentOptions(**opts),
             args_start=data.get("args_start"),
             visible_devices=tuple(data.get("visible_devices", ())),
+            channel_key=str(data.get("channel_key", "")),
         )
+
+
+def new_job_id() -> str:
+    """A fresh job id (48 random bits): names the attempt's plan folder, so it is never reused."""
+    return secrets.token_hex(6)
 
 
 def choose_master(nodes: Sequence[NodeSlots], master_addr: str | None, local: bool) -> tuple[str, str]:
@@ -145,6 +155,7 @@ def build_plan(
     options: AgentOptions = AgentOptions(),
     args_start: int | None = None,
     visible_devices: tuple[str, ...] = (),
+    channel_key: str = "",
 ) -> LaunchPlan:
     """Lay out ranks over ``nodes`` (hostfile order, contiguous per node)."""
     addr, reason = choose_master(nodes, master_addr, local)
@@ -170,6 +181,7 @@ def build_plan(
         options=options,
         args_start=args_start,
         visible_devices=visible_devices,
+        channel_key=channel_key,
     )
 
 

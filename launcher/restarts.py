@@ -4,7 +4,8 @@ A restart is all or nothing: every rank on every node stops (the executor's tear
 and every rank starts again, after a backoff that doubles from ``--restart_backoff``
 seconds (capped at 60 s), so a node that needs a moment - a port in TIME_WAIT, a
 filesystem catching up - gets it. The ranks see ``ZERORUN_RESTART_COUNT``; a script
-that resumes calls ``engine.load_checkpoint(dir)``, which finds ``latest``. A run the
+that resumes calls ``engine.load_checkpoint(dir)``, which finds ``latest``. Every attempt
+has its own job id and channel key (its own plan files, its own event channel). A run the
 user stopped (Ctrl-C, SIGTERM) is never restarted.
 """
 
@@ -19,7 +20,8 @@ from typing import TextIO
 
 from launcher.errors import LaunchError
 from launcher.executor import Executor, RunResult
-from launcher.plan import LaunchPlan
+from launcher.plan import LaunchPlan, new_job_id
+from launcher.protocol import new_key
 from launcher.report import Failure, format_report
 from launcher.runners import NodeCommand
 
@@ -53,6 +55,11 @@ def with_restart_count(plan: LaunchPlan, restart: int) -> LaunchPlan:
     return dataclasses.replace(plan, env=tuple(sorted(env.items())))
 
 
+def fresh_attempt(plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` with a new job id and channel key: a restart reuses no plan-file name and no key."""
+    return dataclasses.replace(plan, job_id=new_job_id(), channel_key=new_key())
+
+
 def _when(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
 
@@ -78,7 +85,9 @@ def run_with_restarts(
     err = err or sys.stderr
     restart = 0
     while True:
-        plan = with_restart_count(plan_for(restart), restart) if policy.max_restarts else plan_for(restart)
+        plan = plan_for(restart) if restart == 0 else fresh_attempt(plan_for(restart))
+        if policy.max_restarts:
+            plan = with_restart_count(plan, restart)
         result = Executor(plan, commands_for(plan)).run()
         if result.failures:
             print(format_report(result.failures, plan.world_size), file=err, flush=True)

@@ -18,6 +18,7 @@ from enum import Enum
 
 from launcher.errors import LaunchError
 from launcher.plan import LaunchPlan
+from launcher.protocol import KEY_ENV
 
 
 class RunnerKind(str, Enum):
@@ -133,6 +134,7 @@ def job_env(plan: LaunchPlan) -> dict[str, str]:
         ZERORUN_NODES=",".join(f"{n.address}:{len(n.ranks)}" for n in plan.nodes),
         ZERORUN_KILL_TIMEOUT=str(plan.options.kill_timeout),
     )
+    env[KEY_ENV] = plan.channel_key  # for the shims' events; each shim removes it before its rank starts
     return env
 
 

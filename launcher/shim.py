@@ -28,7 +28,7 @@ from launcher.errors import LaunchError
 from launcher.lifecycle import exit_status
 from launcher.lifeline import die_with_parent
 from launcher.output import OutputSink
-from launcher.protocol import encode_event
+from launcher.protocol import KEY_ENV, MAX_TEXT, drop_key, encode_event
 from zerorun.compat.activate import rank_env as compat_env
 
 NODES_ENV = "ZERORUN_NODES"
@@ -101,6 +101,8 @@ class RankShim:
     """Runs and watches one rank under srun or mpirun."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.key = env.get(KEY_ENV, "")
+        env = drop_key(env)  # the rank never sees the channel key
         self.env = env
         self.rank, self.local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
         self.host = host_name(env)
@@ -144,9 +146,9 @@ class RankShim:
     def _report(self, rc: int) -> None:
         sig = signal.Signals(-rc).name if rc < 0 and -rc in signal.valid_signals() else None
         self.sink.raw(encode_event(
-            "failed", node_rank=int(self.env.get("NODE_RANK", "0")), host=self.host, rank=self.rank,
+            self.key, "failed", node_rank=int(self.env.get("NODE_RANK", "0")), host=self.host, rank=self.rank,
             local_rank=self.local_rank, exit_code=exit_status(rc), signal=sig, pid=self.proc.pid, time=time.time(),
-            stderr_tail=self.sink.tail(self.rank), log_path=None,
+            stderr_tail=[t[:MAX_TEXT] for t in self.sink.tail(self.rank)], log_path=None,
         ))
 
 

@@ -96,7 +96,7 @@ def test_openmpi_runner_exports_names_not_values() -> None:
     assert cmd.argv == (
         "mpirun", "-np", "4", "--host", "a:1,b:3", "--bind-to", "none", "--wdir", "/work dir",
         "--mca", "plm_rsh_args", "-o BatchMode=yes -o ConnectTimeout=10 -p 2222 -F my conf -i key",
-        "-x", "HF_TOKEN", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED", "-x", "ZERORUN_JOB_ID",
+        "-x", "HF_TOKEN", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED", "-x", "ZERORUN_CHANNEL_KEY", "-x", "ZERORUN_JOB_ID",
         "-x", "ZERORUN_KILL_TIMEOUT", "-x", "ZERORUN_NODES",
         "/py", "-u", "-m", "launcher.shim", "--", "/py", "-u", "t.py", "--x", "1",
     )
