@@ -4,6 +4,7 @@ Usage:
     zerorun convert checkpoints/ model.pt                      # the tag named by checkpoints/latest
     zerorun convert checkpoints/global_step100 model.safetensors --dtype bf16
     zerorun convert checkpoints/ model.pt --tag global_step50
+    zerorun convert downloaded/ model.pt --trust                # files that pickle code: only ones you vouch for
 
 The result loads with ``model.load_state_dict(torch.load("model.pt"))`` (or
 ``safetensors.torch.load_file``) without zerorun and without a process group.
@@ -25,6 +26,8 @@ def command(
     out: Annotated[Path, typer.Argument(help="Output file: .safetensors (needs safetensors) or .pt.", metavar="OUT")],
     tag: Annotated[str | None, typer.Option("--tag", "-t", help="Tag to convert (default: latest).")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp32 (default), bf16 or fp16.")] = "fp32",
+    trust: Annotated[bool, typer.Option("--trust", help="Load files that pickle code: only checkpoints you vouch "
+                                        "for (by default every file loads as data only).")] = False,
 ) -> None:
     """Write one consolidated state dict (fp32 by default) from a zerorun checkpoint.
 
@@ -43,7 +46,7 @@ def command(
 
     if dtype not in TORCH_DTYPES:
         raise CheckpointError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}", "use --dtype fp32 or --dtype bf16")
-    state = consolidate(checkpoint_dir, tag, TORCH_DTYPES[dtype])
+    state = consolidate(checkpoint_dir, tag, TORCH_DTYPES[dtype], trust)
     path = write_state_dict(state, out)
     count = len({id(t) for t in state.values()})
     numel = sum(t.numel() for t in {id(t): t for t in state.values()}.values())

@@ -264,11 +264,12 @@ class Engine(DeepSpeedSurface, HfSurface):
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False, custom_load_fn: Callable[..., Any] | None = None,
-                        load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:
+                        load_rng_state: bool = False, trust_checkpoint: bool = False) -> tuple[str, dict[str, Any]]:
         """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``.
 
         The global RNG states saved with it are restored only with ``load_rng_state=True``
-        (DeepSpeed does not restore them).
+        (DeepSpeed does not restore them). Files load as data only; ``trust_checkpoint=True``
+        (files you vouch for) allows any pickled global, e.g. a client_state of your own classes.
         """
         from zerorun.engine.checkpoint import load_checkpoint
 
@@ -277,4 +278,5 @@ class Engine(DeepSpeedSurface, HfSurface):
 
             unsupported("load_checkpoint(custom_load_fn=...)")
         return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only, strict=load_module_strict, load_rng_state=load_rng_state)
+                               load_module_only, strict=load_module_strict, load_rng_state=load_rng_state,
+                               trust_checkpoint=trust_checkpoint)

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from zerorun import atomic_file
 from zerorun.errors import ZerorunError
 
 ENV_OVERRIDES = "ZERORUN_TRIAL_OVERRIDES"
@@ -155,10 +156,9 @@ class TrialSpec:
 
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
-    """Write to a temporary name and rename: a reader sees the whole file or none."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
+    """Write to a fresh ``mkstemp`` name beside ``path`` and rename: a reader sees the whole file or none,
+    and no symlink planted at a guessable name receives it."""
+    atomic_file.write_text(path, json.dumps(data, sort_keys=True))
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from zerorun.engine.checkpoint import zero_to_fp32
+from zerorun.engine.checkpoint import safe_load, zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.load import is_tag, resolve
 from zerorun.engine.checkpoint.manifest import LATEST, MANIFEST
@@ -39,9 +39,13 @@ def checkpoint_path(path: str | os.PathLike[str], tag: str | None = None) -> Pat
 
 
 def consolidate(path: str | os.PathLike[str], tag: str | None = None,
-                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """The full state dict (``name -> tensor``) of the checkpoint at ``path``; tied names share one tensor."""
-    state = zero_to_fp32.state_dict_of_tag(checkpoint_path(path, tag))
+                dtype: torch.dtype = torch.float32, trust: bool = False) -> dict[str, torch.Tensor]:
+    """The full state dict (``name -> tensor``) of the checkpoint at ``path``; tied names share one tensor.
+
+    Every file loads as data only (``safe_load``); ``trust`` lets files the user vouches for name any global.
+    """
+    state = zero_to_fp32.state_dict_of_tag(checkpoint_path(path, tag), trust=trust,
+                                           load=lambda f: safe_load.load(f, trust, what="rank file"))
     cast: dict[int, torch.Tensor] = {}
     for name, value in state.items():
         if value.is_floating_point():
@@ -70,8 +74,8 @@ def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]
 
 
 def convert(path: str | os.PathLike[str], out: str | os.PathLike[str], tag: str | None = None,
-            dtype: str = "fp32") -> Path:
+            dtype: str = "fp32", trust: bool = False) -> Path:
     """Consolidate the checkpoint at ``path`` and write it to ``out`` (``.pt`` or ``.safetensors``)."""
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown dtype {dtype!r}", f"use one of {', '.join(DTYPES)}")
-    return write_state_dict(consolidate(path, tag, DTYPES[dtype]), out)
+    return write_state_dict(consolidate(path, tag, DTYPES[dtype], trust), out)

@@ -11,8 +11,8 @@ tensor-parallel checkpoints):
   bf16 was on): the rank's slice of the fp32 masters and the optimizer state.
 
 The optimizer files pickle a few DeepSpeed classes (the loss scaler, the stage enum, the
-slice addresses); :class:`_Unpickler` reads them as plain stand-ins, so no DeepSpeed
-import is needed.
+slice addresses); they load as inert stand-ins (:data:`STAND_INS`), so no DeepSpeed import
+is needed, and every file loads as data only (``safe_load``): any other global is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
+from zerorun.engine.checkpoint import safe_load
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.policy import policy_for_stage
 
@@ -33,7 +32,7 @@ _MODEL3 = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 
 
 class DeepSpeedObject:
-    """Stand-in for a pickled DeepSpeed object: keeps its constructor arguments and its state."""
+    """Stand-in for a pickled DeepSpeed object: keeps its constructor arguments and its state, runs nothing."""
 
     def __new__(cls, *args: Any, **kwargs: object) -> DeepSpeedObject:
         obj = super().__new__(cls)
@@ -50,26 +49,46 @@ class DeepSpeedObject:
         return int(self.args[0])
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # any global: a class, a function
+def _stand_in(module: str, name: str) -> type[DeepSpeedObject]:
+    """An inert class under DeepSpeed's own module and name, so torch's allowlist finds it by that name."""
+    return type(name, (DeepSpeedObject,), {"__module__": module, "__qualname__": name})
+
+
+# The classes DeepSpeed 0.19.8 pickles into its checkpoint files (the loss scalers, the stage enum, the slice
+# addresses of param_slice_mappings): the only globals a DeepSpeed file may name beyond torch's tensors
+STAND_INS: dict[str, type[DeepSpeedObject]] = {
+    f"{m}.{n}": _stand_in(m, n) for m, n in (
+        ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+        ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+        ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+        ("deepspeed.utils.tensor_fragment", "fragment_address"),
+    )}
+
+
+class _TrustingUnpickler(pickle.Unpickler):
+    """For files the user vouched for (``trust``): DeepSpeed's classes as stand-ins, any other global as is."""
+
+    def find_class(self, module: str, name: str) -> Any:  # any global: the user vouched for the file
         if module == "deepspeed" or module.startswith("deepspeed."):
-            return type(name, (DeepSpeedObject,), {"__module__": "zerorun.engine.checkpoint.ds_files"})
+            return STAND_INS.get(f"{module}.{name}") or _stand_in(module, name)
         return super().find_class(module, name)
 
 
-class _PickleModule:
+class _TrustingPickleModule:
     """What ``torch.load(pickle_module=...)`` needs: an ``Unpickler`` and a ``load``."""
 
-    Unpickler = _Unpickler
+    Unpickler = _TrustingUnpickler
 
     @staticmethod
     def load(file: IO[bytes], **kwargs: Any) -> Any:  # whatever the file pickled
-        return _Unpickler(file, **kwargs).load()
+        return _TrustingUnpickler(file, **kwargs).load()
 
 
-def load(file: Path) -> dict[str, Any]:
+def load(file: Path, trust: bool = False) -> dict[str, Any]:
+    """One DeepSpeed file as data (tensors, containers, the stand-ins); any global only with ``trust``."""
     try:
-        return torch.load(file, map_location="cpu", weights_only=False, pickle_module=_PickleModule)
+        return safe_load.load(file, trust, tuple(STAND_INS.values()), _TrustingPickleModule,
+                              what="DeepSpeed checkpoint file")
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
         raise CheckpointError(f"{file}: cannot read this DeepSpeed checkpoint file ({e})",
                               "the checkpoint is incomplete or damaged; load an earlier tag") from e

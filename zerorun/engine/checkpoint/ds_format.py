@@ -147,9 +147,11 @@ def _frozen(model_states: list[dict[str, Any]], params_sharded: bool) -> dict[st
     return out
 
 
-def read(tag_dir: Path) -> DeepSpeedState:
-    """Every tensor of the DeepSpeed tag directory ``tag_dir``, as full per-parameter tensors."""
-    optims = [ds_files.load(f)["optimizer_state_dict"] for f in ds_files.optim_files(tag_dir)]
+def read(tag_dir: Path, trust: bool = False) -> DeepSpeedState:
+    """Every tensor of the DeepSpeed tag directory ``tag_dir``, as full per-parameter tensors.
+
+    The files load as data (``ds_files.load``); ``trust`` lets them name any global."""
+    optims = [ds_files.load(f, trust)["optimizer_state_dict"] for f in ds_files.optim_files(tag_dir)]
     stage = int(optims[0]["zero_stage"])
     params_sharded = policy_for_stage(stage).shard_parameters  # DeepSpeed's stage-3 layout
     world = optims[0]["partition_count"]
@@ -160,7 +162,7 @@ def read(tag_dir: Path) -> DeepSpeedState:
         raise CheckpointError(f"{tag_dir}: DeepSpeed saved {world} optimizer partitions; the optimizer-states "
                               f"file of rank(s) {list(range(len(optims), world))} is missing ({', '.join(missing)})",
                               "copy the whole tag directory every rank wrote, or load an earlier tag")
-    model_states = [ds_files.load(f) for f in ds_files.model_files(tag_dir, stage)]
+    model_states = [ds_files.load(f, trust) for f in ds_files.model_files(tag_dir, stage)]
     rank0 = model_states[0]
     groups = [{n: tuple(s) for n, s in g.items()} for g in rank0["param_shapes"]]
     key = "fp32_flat_groups" if params_sharded else "single_partition_of_fp32_groups"

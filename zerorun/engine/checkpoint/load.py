@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.checkpoint import ds_files, ds_format, ds_load, layout, reshard, state
+from zerorun.engine.checkpoint import ds_files, ds_format, ds_load, layout, reshard, safe_load, state
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import (
     EXTRA,
     LATEST,
     MANIFEST,
     Manifest,
+    client_file,
     layout_differences,
     rank_file,
 )
@@ -50,17 +51,35 @@ def is_tag(path: Path) -> bool:
     return (path / MANIFEST).is_file() or ds_files.is_deepspeed(path)
 
 
+def tag_inside(root: Path, tag: str, source: str) -> Path:
+    """``root/tag``, refused unless ``tag`` is one directory name that stays inside ``root``.
+
+    ``latest`` is a file anyone with write access to the save directory can rewrite: its
+    text is a name, never a path (``../elsewhere/t9`` would load a checkpoint from outside).
+    """
+    plain = tag not in ("", ".", "..") and not any(c in tag for c in "/\\\0")
+    path = root / tag
+    if plain and path.is_symlink():
+        plain = path.resolve().parent == root.resolve()  # a tag linked to elsewhere leaves the save dir too
+    if not plain:
+        raise CheckpointError(f"{source}: checkpoint tag {tag!r} is not a directory name inside {root}",
+                              f"a tag is one directory name in the save directory; pass the checkpoint's own "
+                              f"save directory, or rewrite {root / LATEST} with a tag that is there")
+    return path
+
+
 def resolve(root: Path, tag: str | None) -> Path:
-    """The directory of ``tag`` (``latest`` when None); errors list the tags that exist."""
+    """The directory of ``tag`` (``latest`` when None), inside ``root``; errors list the tags that exist."""
     tags = list_tags(root)
     listing = ", ".join(tags) if tags else "none"
+    source = "tag="
     if tag is None:
         latest = root / LATEST
         if not latest.is_file():
             raise CheckpointError(f"{root}: no '{LATEST}' file, so no tag to load (complete tags: {listing})",
                                   "pass tag= explicitly, or save_checkpoint() into this directory first")
-        tag = latest.read_text().strip()
-    path = root / tag
+        tag, source = latest.read_text().strip(), str(latest)
+    path = tag_inside(root, str(tag), source)
     if is_tag(path):
         return path
     moved = root / f".{tag}.old"  # a re-save of this tag was interrupted between its two renames
@@ -78,12 +97,26 @@ def read_manifest(path: Path) -> Manifest:
                               "the checkpoint is damaged; load an earlier tag") from e
 
 
-def read_rank(path: Path, rank: int) -> dict[str, Any]:
+def read_rank(path: Path, rank: int, trust: bool = False) -> dict[str, Any]:
+    """Rank ``rank``'s file as data (``safe_load``); any pickled global only with ``trust``."""
     file = path / rank_file(rank)
     try:
-        return torch.load(file, map_location="cpu", weights_only=False)
+        return safe_load.load(file, trust, what="rank file")
     except (OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"{file}: cannot read the rank file ({e})",
+                              "the checkpoint is incomplete or damaged; load an earlier tag") from e
+
+
+def read_client_state(path: Path, rank: int, rank_files: dict[int, dict[str, Any]], trust: bool) -> dict[str, Any]:
+    """The ``client_state`` rank ``rank`` saved: its own file (the one step that may need ``trust``: it holds
+    whatever the script passed), or the rank file's key in checkpoints written before it had one."""
+    file = path / client_file(rank)
+    if not file.is_file():
+        return rank_files[rank].get("client_state", {})
+    try:
+        return safe_load.load(file, trust, what="client_state file")
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"{file}: cannot read the client_state file ({e})",
                               "the checkpoint is incomplete or damaged; load an earlier tag") from e
 
 
@@ -138,23 +171,25 @@ def _fill(engine: Engine, copies: list[reshard.Copy], files: dict[int, dict[str,
 def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False, strict: bool = True,
-                    load_rng_state: bool = False) -> tuple[str, dict[str, Any]]:
+                    load_rng_state: bool = False, trust_checkpoint: bool = False) -> tuple[str, dict[str, Any]]:
     """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``.
 
     ``strict=False`` (DeepSpeed's ``load_module_strict``) skips parameters missing on either side.
     The global RNG states saved with the checkpoint are restored only with ``load_rng_state``
     (DeepSpeed never restores them, so by default the script's own seeding stands).
+    Every file loads as data only; ``trust_checkpoint=True`` lets files the user vouches for
+    name any global (a ``client_state`` holding the script's own classes needs it).
     """
     path = resolve(Path(load_dir), tag)
     if ds_files.is_deepspeed(path):
-        ds = ds_format.read(path)
+        ds = ds_format.read(path, trust_checkpoint)
         manifest, payload = ds_load.as_zerorun(ds, engine)
         read: Callable[[int], dict[str, Any]] = {0: payload}.__getitem__
         extra: dict[str, torch.Tensor] | None = ds.extra
     else:
         manifest = read_manifest(path)
-        read = partial(read_rank, path)
-        extra = torch.load(path / EXTRA, map_location="cpu", weights_only=True) if (path / EXTRA).is_file() else None
+        read = partial(read_rank, path, trust=trust_checkpoint)
+        extra = safe_load.load(path / EXTRA, trust_checkpoint) if (path / EXTRA).is_file() else None
     current, _ = layout.engine_layout(engine)
     check_model(manifest, path, current, strict)
     parts, index = layout.owned_parts(engine)
@@ -163,6 +198,7 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
     own = engine.ctx.rank % manifest.world_size
     needed = set(reshard.ranks_to_read(copies)) | {own}
     files = {r: read(r) for r in sorted(needed)}
+    client_state = read_client_state(path, own, files, trust_checkpoint)  # before any change to the engine
     optimizer_states = load_optimizer_states and not load_module_only
     with resident(engine.parts.masters):
         _fill(engine, copies, files, optimizer_states)
@@ -173,4 +209,4 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
     if not load_module_only:
         state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)
     engine.parts.grad_sync.zero()
-    return str(path), files[own].get("client_state", {})
+    return str(path), client_state

@@ -25,6 +25,12 @@ def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
 
+def client_file(rank: int) -> str:
+    """Rank ``rank``'s ``client_state``: a file of its own, so the model state always loads as data and only
+    this file (whatever the script passed) may need ``trust_checkpoint``."""
+    return f"client_state_{rank:05d}.pt"
+
+
 @dataclass(frozen=True)
 class ParamEntry:
     """One parameter inside its bucket: ``numel`` elements from ``offset`` of the flat layout."""

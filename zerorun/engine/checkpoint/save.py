@@ -10,7 +10,10 @@ Order (each file written to a temporary name, fsynced and renamed):
    finally rewrites ``latest``.
 
 A crash before step 3 leaves only a staging directory, which no loader reads; ``latest``
-still names the previous complete tag. The checkpoint directory must be on a file
+still names the previous complete tag. A save that fails (a full disk) removes its staging
+directory, and the next save sweeps any that a crash left. ``client_state`` goes in a file
+of its own per rank (``client_state_NNNNN.pt``): it holds whatever the script passed, so
+it is the one file whose loading may need ``trust_checkpoint``. The checkpoint directory must be on a file
 system every rank sees (one directory per node is not a checkpoint).
 """
 
@@ -29,7 +32,7 @@ import torch
 from zerorun import __version__
 from zerorun.engine.checkpoint import atomic, layout, state, zero_to_fp32
 from zerorun.engine.checkpoint.errors import CheckpointError
-from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, rank_file
+from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, client_file, rank_file
 from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
@@ -78,7 +81,7 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
     return None
 
 
-def rank_payload(engine: Engine, client_state: dict[str, Any]) -> dict[str, Any]:
+def rank_payload(engine: Engine) -> dict[str, Any]:
     """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
     parts, rank, world = engine.parts, engine.ctx.rank, engine.ctx.world_size
     owned = layout.owned_parts(engine)
@@ -93,7 +96,7 @@ def rank_payload(engine: Engine, client_state: dict[str, Any]) -> dict[str, Any]
                 opt_state[k] = (layout.chunk_of(v, padded, owned, world, rank).cpu().clone() if is_chunk
                                 else (v.cpu().clone() if torch.is_tensor(v) else v))
             buckets.append({"master": chunk.float().cpu().clone(), "state": opt_state})
-    return {"rank": rank, "buckets": buckets, "engine": state.capture(engine), "client_state": client_state}
+    return {"rank": rank, "buckets": buckets, "engine": state.capture(engine)}
 
 
 def write_extra(engine: Engine, staging: Path) -> None:
@@ -141,20 +144,35 @@ def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str |
     def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
         if rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)  # left by an earlier crash
+            sweep_staging(root)  # left by an earlier crash or a full disk: each holds a checkpoint's bytes
             staging.mkdir()
 
     def write() -> None:
-        atomic.torch_save(rank_payload(engine, dict(client_state or {})), staging / rank_file(rank))
+        atomic.torch_save(rank_payload(engine), staging / rank_file(rank))
+        atomic.torch_save(dict(client_state or {}), staging / client_file(rank))
         if rank == 0:
             write_extra(engine, staging)
 
-    agree(engine, _attempt(prepare), f"creating {staging}")
-    with gathered_frozen(engine.parts.frozen):  # stage 3: frozen parameters are shards; extra.pt holds them whole
-        error = _attempt(write)
-    if os.environ.get(PAUSE_ENV):
-        time.sleep(float(os.environ[PAUSE_ENV]))
-    agree(engine, error, f"writing {staging / rank_file(rank)}")
-    agree(engine, _attempt(lambda: _commit(engine, root, tag, save_latest)) if rank == 0 else None,
-          f"committing {root / tag}")
+    try:
+        agree(engine, _attempt(prepare), f"creating {staging}")
+        with gathered_frozen(engine.parts.frozen):  # stage 3: frozen parameters are shards; extra.pt holds them whole
+            error = _attempt(write)
+        if os.environ.get(PAUSE_ENV):
+            time.sleep(float(os.environ[PAUSE_ENV]))
+        agree(engine, error, f"writing {staging / rank_file(rank)}")
+        agree(engine, _attempt(lambda: _commit(engine, root, tag, save_latest)) if rank == 0 else None,
+              f"committing {root / tag}")
+    except CheckpointError:
+        if rank == 0:  # every rank is past its writes (``agree`` is a collective): the half-written tag goes
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     return root / tag
+
+
+def sweep_staging(root: Path) -> list[Path]:
+    """Remove every ``.TAG.saving`` folder under ``root`` (rank 0, before a save): a staging folder outlives
+    only a save that crashed or failed, and a full disk stays full while it is there."""
+    swept = [d for d in root.glob(".*.saving") if d.is_dir() and not d.is_symlink()]
+    for d in swept:
+        shutil.rmtree(d, ignore_errors=True)
+    return swept

@@ -4,19 +4,19 @@ Stages 0-2 hold whole parameters: the module's ``state_dict()`` is written as is
 stage 3 ``engine.module.state_dict()`` holds empty placeholders for sharded parameters
 (as DeepSpeed's does), so this gathers the parameters unit by unit - every rank takes
 part in each all-gather, only one unit is whole at a time - copies them out, and
-releases them again; rank 0 writes the file (to a temporary name, then renamed).
+releases them again; rank 0 writes the file (to a fresh temporary name, fsynced, then renamed).
 Stage 3 needs ``zero_optimization.stage3_gather_16bit_weights_on_model_save: true``.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from zerorun.engine.checkpoint import atomic
 from zerorun.engine.errors import EngineError
 from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import bucket_of
@@ -70,9 +70,7 @@ def save_16bit_model(engine: Engine, save_dir: str, save_filename: str = "pytorc
     if engine.ctx.rank == 0:
         path = Path(save_dir) / save_filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        atomic.torch_save(state, path)  # a fresh temporary name, fsynced, renamed; removed if the write fails
     return True
 
 

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 def capture_rng() -> dict[str, Any]:
     rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if "numpy" in sys.modules:
-        rng["numpy"] = sys.modules["numpy"].random.get_state()
+    if "numpy" in sys.modules:  # plain data (no ndarray), so the rank file loads with weights_only
+        name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
+        rng["numpy"] = (str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached))
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     return rng
@@ -37,7 +38,8 @@ def restore_rng(rng: dict[str, Any]) -> None:
     if "numpy" in rng:
         import numpy as np
 
-        np.random.set_state(rng["numpy"])
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in rng and torch.cuda.is_available():
         restore_cuda_rng(rng["cuda"])
 

@@ -11,6 +11,9 @@ zerorun. The functions are DeepSpeed 0.19.8's (``deepspeed.utils.zero_to_fp32``)
 ``load_state_dict_from_zero_checkpoint``. Where zerorun is installed they also read
 DeepSpeed-written checkpoints (``zerorun.engine.checkpoint.ds_format``).
 
+Every file loads with ``torch.load(weights_only=True)``: a checkpoint is data, and a file
+that pickles anything else (code that unpickling would run) is refused unless ``--trust``.
+
 A zerorun tag holds ``manifest.json`` (per bucket: parameter names, shapes, offsets in the
 padded flat layout), ``rank_NNNNN.pt`` (rank r's chunk r of every bucket's fp32 master)
 and ``extra.pt`` (buffers and frozen parameters): concatenating the chunks of all ranks
@@ -22,8 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,17 +48,39 @@ def tag_dir(checkpoint_dir: str | os.PathLike[str], tag: str | None = None) -> P
             raise ValueError(f"Unable to find '{LATEST}' file at {latest}: pass tag= (the checkpoint's directory "
                              "name, e.g. global_step14)")
         tag = latest.read_text().strip()
-    path = root / str(tag)
+    tag = str(tag)
+    path = root / tag
+    # a tag is one directory name in the save dir: 'latest' saying '../elsewhere/t9' does not leave it
+    inside = tag not in ("", ".", "..") and not any(c in tag for c in "/\\\0")
+    if inside and path.is_symlink():
+        inside = path.resolve().parent == root.resolve()
+    if not inside:
+        raise ValueError(f"checkpoint tag {tag!r} is not a directory name inside {root}: pass the checkpoint's own "
+                         "save directory, or a tag that is there")
     if not path.is_dir():
         raise FileNotFoundError(f"Directory '{path}' doesn't exist")
     return path
 
 
-def _zerorun_state_dict(path: Path, exclude_frozen_parameters: bool) -> dict[str, torch.Tensor]:
+def load_data(file: Path, trust: bool = False) -> Any:
+    """``torch.load`` as data only (tensors, numbers, strings, containers): a checkpoint that pickles any
+    other global - code unpickling would run - is refused; ``trust`` (a file you vouch for) allows it."""
+    if trust:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL (\S+)", str(e))
+        what = f"the global {named.group(1).rstrip('.')}" if named else "more than data"
+        raise ValueError(f"{file}: refused to load: it names {what}, code that unpickling would run; if you "
+                         "trust whoever wrote it, pass --trust (trust_checkpoint=True)") from None
+
+
+def _zerorun_state_dict(path: Path, exclude_frozen_parameters: bool,
+                        load: Callable[[Path], Any]) -> dict[str, torch.Tensor]:
     manifest = json.loads((path / MANIFEST).read_text())
     world = manifest["world_size"]
-    ranks = [torch.load(path / f"rank_{r:05d}.pt", map_location="cpu", weights_only=False)["buckets"]
-             for r in range(world)]
+    ranks = [load(path / f"rank_{r:05d}.pt")["buckets"] for r in range(world)]
     state: dict[str, torch.Tensor] = {}
     for i, bucket in enumerate(manifest["buckets"]):
         flat = torch.cat([chunks[i]["master"].reshape(-1).float() for chunks in ranks])
@@ -60,7 +88,7 @@ def _zerorun_state_dict(path: Path, exclude_frozen_parameters: bool) -> dict[str
             state[p["name"]] = flat.narrow(0, p["offset"], p["numel"]).view(p["shape"]).clone()
     if (path / EXTRA).is_file():
         frozen = set(manifest.get("frozen", ()))
-        for name, value in torch.load(path / EXTRA, map_location="cpu", weights_only=True).items():
+        for name, value in load(path / EXTRA).items():
             if not (exclude_frozen_parameters and name in frozen):
                 state[name] = value.float() if value.is_floating_point() else value
     for alias, name in manifest.get("aliases", {}).items():
@@ -69,13 +97,13 @@ def _zerorun_state_dict(path: Path, exclude_frozen_parameters: bool) -> dict[str
     return state
 
 
-def _deepspeed_state_dict(path: Path, exclude_frozen_parameters: bool) -> dict[str, torch.Tensor]:
+def _deepspeed_state_dict(path: Path, exclude_frozen_parameters: bool, trust: bool) -> dict[str, torch.Tensor]:
     try:
         from zerorun.engine.checkpoint import ds_format
     except ImportError as e:
         raise ValueError(f"{path} holds no {MANIFEST}: not a zerorun checkpoint (a DeepSpeed one needs zerorun "
                          "installed, or DeepSpeed's own zero_to_fp32.py)") from e
-    ds = ds_format.read(path)
+    ds = ds_format.read(path, trust)
     frozen = set(ds.model_state.get("frozen_param_shapes") or ())
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in ds.extra.items()
              if not (exclude_frozen_parameters and k in frozen)}
@@ -86,22 +114,26 @@ def _deepspeed_state_dict(path: Path, exclude_frozen_parameters: bool) -> dict[s
     return state
 
 
-def state_dict_of_tag(path: Path, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
-    """The fp32 state dict of one tag directory, zerorun's (a manifest) or DeepSpeed's (its rank files)."""
+def state_dict_of_tag(path: Path, exclude_frozen_parameters: bool = False, trust: bool = False,
+                      load: Callable[[Path], Any] | None = None) -> dict[str, torch.Tensor]:
+    """The fp32 state dict of one tag directory, zerorun's (a manifest) or DeepSpeed's (its rank files).
+
+    Every file loads as data only unless ``trust``; ``load`` replaces the reader of zerorun's files."""
     if (path / MANIFEST).is_file():
-        return _zerorun_state_dict(path, exclude_frozen_parameters)
-    return _deepspeed_state_dict(path, exclude_frozen_parameters)
+        return _zerorun_state_dict(path, exclude_frozen_parameters, load or (lambda f: load_data(f, trust)))
+    return _deepspeed_state_dict(path, exclude_frozen_parameters, trust)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike[str], tag: str | None = None,
-                                             exclude_frozen_parameters: bool = False,
-                                             lazy_mode: bool = False) -> dict[str, torch.Tensor]:
+                                             exclude_frozen_parameters: bool = False, lazy_mode: bool = False,
+                                             trust_checkpoint: bool = False) -> dict[str, torch.Tensor]:
     """The consolidated fp32 state dict (on the CPU) of ``checkpoint_dir/tag`` (``latest`` by default).
 
     ``lazy_mode`` is accepted for DeepSpeed's signature: the tensors are already whole, and
-    ``.contiguous()`` on them (what DeepSpeed's lazy tensors need) works the same.
+    ``.contiguous()`` on them (what DeepSpeed's lazy tensors need) works the same. The files
+    load as data only; ``trust_checkpoint=True`` (files you vouch for) lets them name any global.
     """
-    return state_dict_of_tag(tag_dir(checkpoint_dir, tag), exclude_frozen_parameters)
+    return state_dict_of_tag(tag_dir(checkpoint_dir, tag), exclude_frozen_parameters, trust_checkpoint)
 
 
 def _parse_size(size: int | str) -> int:
@@ -147,10 +179,12 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
                                                output_dir: str | os.PathLike[str],
                                                max_shard_size: int | str | None = "5GB",
                                                safe_serialization: bool = False, tag: str | None = None,
-                                               exclude_frozen_parameters: bool = False) -> None:
+                                               exclude_frozen_parameters: bool = False,
+                                               trust_checkpoint: bool = False) -> None:
     """Write the fp32 state dict into ``output_dir`` as DeepSpeed does: ``pytorch_model.bin`` (or
     ``model.safetensors``), split into ``-0000k-of-0000n`` shards plus an index above ``max_shard_size``."""
-    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters)
+    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters,
+                                                     trust_checkpoint=trust_checkpoint)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     weights = "model.safetensors" if safe_serialization else "pytorch_model.bin"
@@ -186,9 +220,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--safe_serialization", action="store_true", help="write .safetensors (needs safetensors)")
     parser.add_argument("-t", "--tag", default=None, help="the tag to convert (default: the one 'latest' names)")
     parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave frozen parameters out")
+    parser.add_argument("--trust", action="store_true",
+                        help="load files that pickle code (only checkpoints you vouch for)")
     args = parser.parse_args(argv)
     convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_dir, args.max_shard_size,
-                                               args.safe_serialization, args.tag, args.exclude_frozen_parameters)
+                                               args.safe_serialization, args.tag, args.exclude_frozen_parameters,
+                                               trust_checkpoint=args.trust)
 
 
 if __name__ == "__main__":
