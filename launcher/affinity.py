@@ -12,17 +12,19 @@ from __future__ import annotations
 import os
 
 from launcher.errors import LaunchError
+from launcher.hostnames import MAX_CORES, bounded_range
 
 
 def parse_core_list(text: str) -> list[int]:
     """``"0,2-4"`` -> ``[0, 2, 3, 4]`` (DeepSpeed's ``--bind_core_list`` syntax)."""
-    cores: list[int] = []
+    cores: set[int] = set()
     for item in text.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
-            raise LaunchError(f"--bind_core_list {text!r}: bad item {item!r}", "give cores like 0,2-5")
-        cores.extend(range(int(lo), int(hi if sep else lo) + 1))
-    return sorted(set(cores))
+        span = bounded_range(item, MAX_CORES)
+        if span is None:
+            raise LaunchError(f"--bind_core_list {text[:80]!r}: bad item {item[:40]!r}",
+                              f"give cores like 0,2-5 (ranges run upwards, ids below {MAX_CORES})")
+        cores.update(span)
+    return sorted(cores)
 
 
 def available_cores(core_list: str | None) -> list[int]:

@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping
 
 from launcher.errors import LaunchError
 from launcher.hostfile import Host
+from launcher.hostnames import host_problem
 
 
 def tasks_per_node(text: str) -> list[int]:
     """``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
     counts: list[int] = []
     for item in filter(None, text.split(",")):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        match = re.fullmatch(r"(\d{1,4})(?:\(x(\d{1,6})\))?", item.strip(), flags=re.ASCII)
         if not match:
             raise LaunchError(f"SLURM_TASKS_PER_NODE={text!r}: cannot read {item!r}",
                               "pass --num_gpus N (ranks per node) or a --hostfile")
@@ -47,6 +48,11 @@ def allocation_hosts(env: Mapping[str, str], num_gpus: int | None,
                           "is not set", "run it under salloc or sbatch (e.g. `salloc -N2 --ntasks-per-node=4 "
                           "zerorun --launcher slurm train.py`), or pass --hostfile with Slurm node names")
     names = expand(nodelist)
+    for name in names:
+        problem = host_problem(name)
+        if problem is not None:
+            raise LaunchError(f"the Slurm node list {nodelist[:80]!r} names {name[:80]!r}: {problem}",
+                              "pass --hostfile with the nodes' names")
     counts = tasks_per_node(env.get("SLURM_TASKS_PER_NODE", ""))
     if num_gpus:
         counts = [num_gpus] * len(names)

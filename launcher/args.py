@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from launcher.errors import LaunchError
+from launcher.hostnames import MAX_RANKS, bounded_range
 from launcher.parser import LauncherParser
 from launcher.runners import RunnerKind
 
@@ -115,8 +116,9 @@ def parse_rank_list(text: str) -> tuple[int, ...]:
     """``"0,2-3"`` -> ``(0, 2, 3)`` for ``--ranks``."""
     ranks: set[int] = set()
     for item in text.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise LaunchError(f"--ranks {text!r}: bad item {item!r}", "give ranks like 0,2-3")
-        ranks.update(range(int(lo), int(hi if sep else lo) + 1))
+        span = bounded_range(item, MAX_RANKS)
+        if span is None:
+            raise LaunchError(f"--ranks {text[:80]!r}: bad item {item[:40]!r}",
+                              f"give ranks like 0,2-3 (ranges run upwards, ids below {MAX_RANKS})")
+        ranks.update(span)
     return tuple(sorted(ranks))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from launcher.errors import FilterError
 from launcher.hostfile import Host
+from launcher.hostnames import MAX_SLOTS, host_problem, small_number
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,20 @@ _SPEC_RE = re.compile(r"^(?P<name>\[[^\]]+\]|[^:\[\]]+)(?::(?P<slots>.*))?$")
 
 
 def _parse_slot_list(text: str, spec: str, flag: str) -> set[int]:
+    """The slot ids of ``text``; a range is bounded (MAX_SLOTS) before it is expanded."""
     slots: set[int] = set()
     for item in text.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip(), flags=re.ASCII)
         if not match:
             raise FilterError(
-                f"{flag} {spec!r}: bad slot {item!r}",
+                f"{flag} {spec[:80]!r}: bad slot {item[:40]!r}",
                 "slots are numbers or ranges separated by commas, e.g. `host1:0,1` or `host1:0-3`",
             )
-        lo = int(match.group(1))
-        hi = int(match.group(2)) if match.group(2) is not None else lo
+        lo = small_number(match.group(1))
+        hi = small_number(match.group(2)) if match.group(2) is not None else lo
+        if lo is None or hi is None or hi >= MAX_SLOTS:
+            raise FilterError(f"{flag} {spec[:80]!r}: slot {item[:40]!r} is past the {MAX_SLOTS} slots a host may have",
+                              "slot ids run from 0 to the host's slots-1, e.g. `host1:0-7`")
         if hi < lo:
             raise FilterError(f"{flag} {spec!r}: range {item!r} runs backwards", f"write it as `{hi}-{lo}`")
         slots.update(range(lo, hi + 1))
@@ -52,8 +57,13 @@ def parse_filter(text: str, flag: str = "--include") -> dict[str, set[int] | Non
         spec = spec.strip()
         match = _SPEC_RE.match(spec)
         if not spec or not match:
-            raise FilterError(f"{flag} {text!r}: bad entry {spec!r}", "separate hosts with `@`: `host1:0,1@host2`")
+            raise FilterError(f"{flag} {text[:80]!r}: bad entry {spec[:80]!r}",
+                              "separate hosts with `@`: `host1:0,1@host2`")
         name = match.group("name").strip()
+        problem = host_problem(name)
+        if problem is not None:
+            raise FilterError(f"{flag} {text[:80]!r}: bad host {name[:80]!r}: {problem}",
+                              "name a host of the hostfile, e.g. `worker-1:0,1@worker-2`")
         if match.group("slots") is None:
             result[name] = result.get(name)
             continue
@@ -86,6 +96,10 @@ def select(hosts: tuple[Host, ...], include: str | None = None, exclude: str | N
         raise FilterError(
             "--include and --exclude are mutually exclusive", "use one of them: --include keeps, --exclude removes"
         )
+    for host in hosts:  # a host made from --num_gpus or a Slurm count, not only from a hostfile line
+        if not 0 < host.slots <= MAX_SLOTS:
+            raise FilterError(f"host {host.address!r} with {host.slots} slots: a host has 1 to {MAX_SLOTS}",
+                              f"give --num_gpus (or the host's slots) from 1 to {MAX_SLOTS}")
     chosen: dict[str, set[int]] = {}
     if include:
         for name, slots in parse_filter(include, "--include").items():

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from launcher.errors import LaunchError
 from launcher.filters import NodeSlots
+from launcher.hostnames import address_problem
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -132,6 +134,9 @@ def new_job_id() -> str:
 def choose_master(nodes: Sequence[NodeSlots], master_addr: str | None, local: bool) -> tuple[str, str]:
     """The master address and why it was chosen."""
     if master_addr:
+        problem = address_problem(master_addr)
+        if problem is not None and address_problem(f"[{master_addr}]") is not None:  # a bare IPv6 is fine here
+            raise LaunchError(f"--master_addr {master_addr[:80]!r}: {problem}", "give the host name or address of rank 0's node")
         return master_addr, "given by --master_addr"
     if local:
         return "127.0.0.1", "single local node: loopback"

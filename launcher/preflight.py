@@ -40,12 +40,13 @@ def local_versions() -> tuple[str, str]:
 
 
 def check_argv(plan: LaunchPlan, host: str, ssh: SshOptions) -> list[str]:
-    cwd = shlex.quote(plan.cwd)
+    cwd = shlex.quote(plan.cwd)  # every string the remote shell reads is quoted, the message's too
+    missing = shlex.quote(f"{TAG}: working directory {plan.cwd} does not exist")
     remote = (
-        f"test -d {cwd} || {{ echo '{TAG}: working directory {plan.cwd} does not exist' >&2; exit 3; }}; "
+        f"test -d {cwd} || {{ printf '%s\\n' {missing} >&2; exit 3; }}; "
         f"{shlex.quote(plan.python)} -c {shlex.quote(_PROBE)}"
     )
-    return ["ssh", "-T", *ssh.options(), ssh_target(host), remote]
+    return ["ssh", "-T", *ssh.options(), "--", ssh_target(host), remote]
 
 
 def judge(check: HostCheck, expected: tuple[str, str]) -> str | None:

@@ -6,7 +6,9 @@ from a 0600 file in the (shared) working directory and delete it. ``slurm`` and
 ``openmpi`` hand the whole job to ``srun``/``mpirun``, which start
 ``python -m launcher.shim`` per rank; the shim maps SLURM_*/OMPI_* to RANK etc.
 Commands are argument lists; ``shlex.quote`` happens only where a remote shell reads
-the text (ssh and pdsh), and pdsh's ``%`` substitutions are escaped.
+the text (ssh and pdsh), and pdsh's ``%`` substitutions are escaped. Every ssh
+destination comes after ``--`` (pdsh's too, through its ssh template), and hosts
+passed the grammar of launcher/hostnames.py: a host is never read as an option.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class NodeCommand:
     kill their process groups itself if the agent had to be killed first."""
 
 
+PDSH_SSH_ARGS = "-2 -a -x -l%u -- %h"
+"""pdsh's own ssh template with ``--`` before the host (``%u``/``%h``: pdsh fills in the user and host)."""
+
+
 def ssh_target(host: str) -> str:
     """The hostfile name as ssh wants it: ``user@[fe80::1]`` -> ``user@fe80::1``."""
     user, at, addr = host.rpartition("@")
@@ -101,14 +107,15 @@ def ssh_commands(plan: LaunchPlan, ssh: SshOptions) -> list[NodeCommand]:
     commands = []
     for node in plan.nodes:
         remote = remote_shell_command(plan, agent_argv(plan, node.node_rank))
-        argv = ["ssh", "-T", *ssh.options(), ssh_target(node.host), remote]
+        argv = ["ssh", "-T", *ssh.options(), "--", ssh_target(node.host), remote]
         commands.append(NodeCommand(tuple(argv), node.node_rank, node.host, PayloadMode.STDIN))
     return commands
 
 
 def pdsh_commands(plan: LaunchPlan, ssh: SshOptions, payload_dir: str, launcher_args: tuple[str, ...] = ()) -> list[NodeCommand]:
     """One ``pdsh -S`` per node, so each command carries its node rank explicitly."""
-    env = (("PDSH_RCMD_TYPE", "ssh"), ("PDSH_SSH_ARGS_APPEND", shlex.join(ssh.options())))
+    env = (("PDSH_RCMD_TYPE", "ssh"), ("PDSH_SSH_ARGS", PDSH_SSH_ARGS),
+           ("PDSH_SSH_ARGS_APPEND", shlex.join(ssh.options())))
     commands = []
     for node in plan.nodes:
         path = payload_file(payload_dir, node.node_rank)

@@ -131,3 +131,46 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+def groups_alive(pgids: set[int]) -> list[int]:
+    """Pids of live processes in any of the process groups ``pgids`` (zombies count as gone)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) in pgids:
+            found.append(int(entry))
+    return found
+
+
+def launch_tree(launcher_pid: int) -> set[int]:
+    """The process groups of the launcher and of every descendant it has now."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        groups[int(entry)] = int(fields[2])
+    todo, seen = [launcher_pid], set()
+    while todo:
+        pid = todo.pop()
+        seen.add(pid)
+        todo += children.get(pid, [])
+    return {groups[p] for p in seen if p in groups}
+
+
+def wait_groups_gone(pgids: set[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := groups_alive(pgids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

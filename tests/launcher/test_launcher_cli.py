@@ -12,7 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, wait_for_rank_pids, wait_gone, zerorun_argv
+from launcher_conftest import (
+    SCRIPTS,
+    launch_tree,
+    wait_for_rank_pids,
+    wait_gone,
+    wait_groups_gone,
+    zerorun_argv,
+)
 
 from launcher.args import parse_args, parse_rank_list
 from launcher.errors import LaunchError
@@ -140,8 +147,21 @@ def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], 
 
 def test_launcher_killed_agents_take_their_ranks_down(tmp_path: Path) -> None:
     proc, pids = _start_hanging(tmp_path)
-    proc.kill()  # SIGKILL: no handler runs; the agent sees EOF on stdin
+    groups = launch_tree(proc.pid) - {os.getpgrp()}  # the agent's group and each rank's
+    assert len(groups) == 3
+    proc.kill()  # SIGKILL: no handler runs; the agent sees EOF on stdin and its lifeline's SIGTERM
     proc.communicate(timeout=10)
+    assert wait_gone(pids, timeout=10) == []
+    assert wait_groups_gone(groups, timeout=10) == []
+
+
+def test_a_killed_agent_takes_its_ranks_along(tmp_path: Path) -> None:
+    proc, pids = _start_hanging(tmp_path)
+    with open(f"/proc/{pids[0]}/stat") as fh:
+        agent = int(fh.read().rsplit(")", 1)[1].split()[1])
+    os.kill(agent, signal.SIGKILL)  # the OOM killer picks the agent: its ranks must not train on
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 137, err
     assert wait_gone(pids, timeout=10) == []
 
 

@@ -13,9 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher_conftest import SCRIPTS, SshServer, sshd, wait_for_rank_pids, wait_gone, zerorun_argv  # noqa: F401
+from launcher_conftest import (  # noqa: F401
+    SCRIPTS,
+    SshServer,
+    launch_tree,
+    sshd,
+    wait_for_rank_pids,
+    wait_gone,
+    wait_groups_gone,
+    zerorun_argv,
+)
 
 TRICKY = ["a b", "it's", "$HOME", "100%h", 'q"q']
+HOSTILE_CWD = "bob's \"run\" $(id >pwned) ;touch pwned2 && 100%h"
+"""A working directory every string sent to a remote shell must survive, quoted."""
 
 
 def _launch_args(server: SshServer, tmp_path: Path, launcher: str, *extra: str) -> list[str]:
@@ -28,12 +39,16 @@ def _launch_args(server: SshServer, tmp_path: Path, launcher: str, *extra: str) 
 def test_four_rank_gloo_job_over_two_nodes(sshd: SshServer, tmp_path: Path, launcher: str) -> None:  # noqa: F811
     check = [] if launcher == "ssh" else ["--no_ssh_check"]  # the ssh run also exercises the preflight
     argv = _launch_args(sshd, tmp_path, launcher, *check, str(SCRIPTS / "allreduce.py"), *TRICKY)
-    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    cwd = tmp_path / HOSTILE_CWD
+    cwd.mkdir()
+    out = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     for rank, (node, local) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
         host = ("127.0.0.2", "127.0.0.3")[node]
         assert f"[{host}:{rank}] rank {rank}/4 local {local} node {node} sum 10 args {[f'--local_rank={local}', *TRICKY]!r} cvd None" in out.stdout
-    assert not (tmp_path / ".zerorun").exists()  # pdsh's 0600 plan files are deleted
+    assert not (cwd / ".zerorun").exists()  # pdsh's 0600 plan files are deleted
+    for where in (tmp_path, cwd, Path.home()):  # nothing in the folder's name ran
+        assert not (where / "pwned").exists() and not (where / "pwned2").exists()
 
 
 def _failing_run(server: SshServer, tmp_path: Path, launcher: str, *fail: str) -> tuple[subprocess.CompletedProcess[str], list[int], float]:
@@ -66,22 +81,25 @@ def test_rank_killed_by_signal_gives_137(sshd: SshServer, tmp_path: Path) -> Non
     assert "exit code 137 = 128+9 (SIGKILL)" in out.stderr
 
 
-def _start_hanging(server: SshServer, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_hanging(server: SshServer, tmp_path: Path, launcher: str = "ssh") -> tuple[subprocess.Popen[str], list[int]]:
     pids = tmp_path / "pids"
     pids.mkdir()
-    argv = _launch_args(server, tmp_path, "ssh", "--no_ssh_check", "--kill_timeout", "3",
+    argv = _launch_args(server, tmp_path, launcher, "--no_ssh_check", "--kill_timeout", "3",
                         str(SCRIPTS / "hang_or_fail.py"), "--pid_dir", str(pids), "--no_torch")
     proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, wait_for_rank_pids(pids, 4, timeout=90, proc=proc)
 
 
-def test_launcher_killed_remote_agents_stop_their_ranks(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
-    proc, pids = _start_hanging(sshd, tmp_path)
-    os.kill(proc.pid, signal.SIGKILL)  # the launcher dies without a word; ssh loses its parent's pipes
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_launcher_killed_remote_agents_stop_their_ranks(sshd: SshServer, tmp_path: Path, launcher: str) -> None:  # noqa: F811
+    proc, pids = _start_hanging(sshd, tmp_path, launcher)
+    groups = launch_tree(proc.pid) - {os.getpgrp()}  # ssh or pdsh (and pdsh's ssh), in groups of their own
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher dies without a word (the OOM killer)
     proc.communicate(timeout=10)
-    # the ssh clients are the launcher's children in their own sessions: they see EOF on
-    # stdin, close the channel, and the remote agents tear down on EOF
+    # ssh and pdsh get SIGTERM from their lifeline; ssh's channel closes, the remote agents
+    # see EOF and stop their ranks
     assert wait_gone(pids, timeout=10) == []
+    assert wait_groups_gone(groups, timeout=10) == []
 
 
 def test_ctrl_c_stops_every_node(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811

@@ -57,9 +57,9 @@ def test_ssh_runner_argv_has_explicit_node_rank_and_no_values() -> None:
     cmds = build_commands(_plan(), RunnerKind.SSH, SSH)
     assert [c.argv for c in cmds] == [
         ("ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", "2222", "-F", "my conf", "-i", "key",
-         "n1", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 0"),
+         "--", "n1", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 0"),
         ("ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", "2222", "-F", "my conf", "-i", "key",
-         "u@n2", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 1"),
+         "--", "u@n2", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 1"),
     ]
     assert all(c.payload is PayloadMode.STDIN for c in cmds)
     assert "s3cret" not in json.dumps([c.argv for c in cmds])
@@ -73,7 +73,7 @@ def test_pdsh_runner_argv_env_and_payload_files() -> None:
     )
     assert cmds[1].payload is PayloadMode.FILE and cmds[1].payload_path == "/w/.zerorun/J/node1.json"
     assert dict(cmds[0].env) == {
-        "PDSH_RCMD_TYPE": "ssh",
+        "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS": "-2 -a -x -l%u -- %h",
         "PDSH_SSH_ARGS_APPEND": "-o BatchMode=yes -o ConnectTimeout=10 -p 2222 -F 'my conf' -i key",
     }
 
@@ -193,8 +193,8 @@ def test_shim_maps_slurm_and_openmpi_variables() -> None:
 
 def test_preflight_argv_and_verdicts() -> None:
     argv = check_argv(_plan(), "u@n2", SshOptions())
-    assert argv[:6] == ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] and argv[6] == "u@n2"
-    assert argv[7].startswith("test -d '/work dir' || ") and shlex.split(argv[7])
+    assert argv[:6] == ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"] and argv[6:8] == ["--", "u@n2"]
+    assert argv[8].startswith("test -d '/work dir' || ") and shlex.split(argv[8])
     expected = ("3.11.7", "0.1.0")
     assert judge(HostCheck("n1", 0, f"{TAG} 3.11.7 0.1.0\n", ""), expected) is None
     assert "is not reachable over ssh:\n    Permission denied (publickey)." in str(
