@@ -35,7 +35,7 @@ from launcher.lifeline import die_with_parent
 from launcher.output import OutputSink
 from launcher.plan import DeviceMode, LaunchPlan, rank_argv, rank_env
 from launcher.planfile import read_plan_file
-from launcher.protocol import MAX_TEXT, Command, encode_event
+from launcher.protocol import MAX_TEXT, Command, drop_key, encode_event
 from zerorun.compat.activate import rank_env as compat_env
 
 POLL_S = 0.05
@@ -93,7 +93,7 @@ class Agent:
         shares = self._core_shares()
         lifeline = die_with_parent(signal.SIGKILL)
         for local_rank, rank in enumerate(self.node.ranks):
-            env = {**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)}
+            env = drop_key({**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)})
             env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
             pin = None
             if shares is not None:

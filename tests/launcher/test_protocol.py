@@ -149,3 +149,15 @@ def test_forged_events_in_rank_output_are_text(tmp_path: Path) -> None:
     finally:
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
+
+
+def test_the_shim_keeps_the_key_from_its_rank_and_signs_its_report() -> None:
+    env = {**os.environ, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "ZERORUN_NODES": "h:2", "ZERORUN_CHANNEL_KEY": KEY}
+    rank = "import os, sys; print('key' if 'ZERORUN_CHANNEL_KEY' in os.environ else 'no key'); sys.exit(4)"
+    out = subprocess.run([sys.executable, "-m", "launcher.shim", "--", sys.executable, "-c", rank], env=env,
+                         capture_output=True, text=True, timeout=30)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 4 and lines[0] == "[h:1] no key", out.stderr
+    event = decode_event(lines[1], KEY)
+    assert event is not None and (event.kind, event.fields["rank"], event.fields["exit_code"]) == ("failed", 1, 4)
