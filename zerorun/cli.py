@@ -16,7 +16,16 @@ from pathlib import Path
 
 import typer
 
-from zerorun.commands import autotune, convert, estimate, print_config, report, simulate, validate
+from zerorun.commands import (
+    autotune,
+    convert,
+    estimate,
+    link_deepspeed,
+    print_config,
+    report,
+    simulate,
+    validate,
+)
 from zerorun.commands.boundary import click_module, from_click, print_error
 from zerorun.commands.options import ALIASES
 from zerorun.config.suggest import did_you_mean
@@ -55,6 +64,7 @@ app.command("autotune", context_settings=_RAW, add_help_option=False)(autotune.c
 app.command("report")(report.command)
 app.command("convert")(convert.command)
 app.command("simulate")(simulate.command)
+app.command("link-deepspeed")(link_deepspeed.command)
 
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)

@@ -18,6 +18,10 @@ class ZerorunError(Exception):
     def __str__(self) -> str:
         return self.message if self.hint is None else f"{self.message}\nhint: {self.hint}"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # picklable with its hint (a rank's error crosses multiprocessing pools and queues)
+        return type(self), (self.message, self.hint), self.__dict__
+
 
 class UsageError(ZerorunError):
     """The command line itself is wrong (unknown option, missing argument, bad choice): exit 2.

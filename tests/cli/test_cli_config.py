@@ -64,7 +64,7 @@ def test_validate_warnings_and_notes_go_to_stderr(capsys: pytest.CaptureFixture[
 
 def test_validate_malformed_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
-    path.write_text('{"zero_optimization": {"stage": 2,}}')
+    path.write_text('{"zero_optimization": {"stage": 2,]}')  # a trailing comma alone is valid Hjson, as DeepSpeed reads it
     code, out, _ = run(capsys, "validate", str(path))
     assert code == 1
     assert f"{path}: malformed JSON at line 1, column 35: Expecting property name enclosed in double quotes" in out

@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 T, A, R, P, X = "transformers", "accelerate", "TRL", "PEFT", "examples"
+D = "DeepSpeed's tests"  # its tests/unit, run by bench/ds_unit.py
 
 # (module, names, "works" or "unsupported: <alternative>", users)
 AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
@@ -43,8 +44,8 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
      "works", (T, R)),
     ("deepspeed.runtime.zero.offload_config", ("OffloadDeviceEnum", "OffloadStateTypeEnum"), "works", (X,)),
     ("deepspeed.runtime.engine", ("DeepSpeedEngine",), "works", (R,)),
-    ("deepspeed.runtime.config", ("DeepSpeedConfig", "ADAM_OPTIMIZER", "LAMB_OPTIMIZER", "DEEPSPEED_OPTIMIZERS"),
-     "works", (X,)),
+    ("deepspeed.runtime.config", ("DeepSpeedConfig", "ADAM_OPTIMIZER", "LAMB_OPTIMIZER", "DEEPSPEED_OPTIMIZERS",
+                                  "get_gradient_clipping"), "works", (X, D)),
     ("deepspeed.runtime.data_pipeline.data_routing.helper", ("convert_to_random_ltd", "save_without_random_ltd"),
      "unsupported: no data efficiency (random-LTD)", (X,)),
     ("deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr",
@@ -53,13 +54,28 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
     ("deepspeed.runtime.domino.transformer", ("DominoTransformer",), "unsupported: no tensor parallelism (Domino)",
      (X,)),
     ("deepspeed.runtime.lr_schedules", ("VALID_LR_SCHEDULES", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR",
-                                        "OneCycle", "LRRangeTest"), "works", (A, X)),
+                                        "OneCycle", "LRRangeTest", "LR_RANGE_TEST_MIN_LR", "WARMUP_MAX_LR",
+                                        "TOTAL_NUM_STEPS"), "works", (A, X, D)),
     ("deepspeed.runtime.utils", ("move_to_device", "set_random_seed", "see_memory_usage"), "works", (A, X)),
     ("deepspeed.runtime.dataloader", ("RepeatingLoader",), "works", (X,)),
     ("deepspeed.checkpoint.utils", ("clone_tensors_for_torch_save",), "works", (A,)),
-    ("deepspeed.launcher.runner", ("DEEPSPEED_ENVIRONMENT_NAME", "main"), "works", (A,)),
+    ("deepspeed.launcher.runner", ("DEEPSPEED_ENVIRONMENT_NAME", "main", "parse_args", "fetch_hostfile",
+                                   "_parse_hostfile", "parse_resource_filter", "parse_inclusion_exclusion",
+                                   "apply_num_nodes_and_gpus", "encode_world_info"), "works", (A, D)),
+    ("deepspeed.launcher.multinode_runner", ("MultiNodeRunner",), "works", (D,)),
+    ("deepspeed.launcher.multinode_runner", ("PDSHRunner", "OpenMPIRunner", "MPICHRunner", "IMPIRunner",
+                                             "SlurmRunner", "MVAPICHRunner"),
+     "unsupported: they build DeepSpeed's per-node launch; `deepspeed --launcher pdsh|openmpi|slurm` runs zerorun's",
+     (D,)),
+    ("deepspeed.utils.numa", ("parse_range_list",), "works", (D,)),
+    ("deepspeed.env_report", ("main", "cli_main"), "works (`ds_report`)", (D,)),
+    ("deepspeed.runtime.config_utils", ("DeepSpeedConfigModel",), "works", (A, D)),
+    ("deepspeed.runtime.zero.config", ("DeepSpeedZeroConfig", "DeepSpeedZeroOffloadParamConfig",
+                                       "DeepSpeedZeroOffloadOptimizerConfig"), "works", (A, D)),
+    ("deepspeed.runtime.constants", ("GRADIENT_CLIPPING", "GRADIENT_CLIPPING_DEFAULT"), "works", (D,)),
     ("deepspeed.accelerator", ("get_accelerator",), "works", (T, X)),
     ("deepspeed.ops.adam", ("DeepSpeedCPUAdam", "FusedAdam"), "works", (A, X)),
+    ("deepspeed.ops", ("__compatible_ops__",), "works (True for the Adam fronts, False for the rest)", (D,)),
     ("deepspeed.ops.adagrad", ("DeepSpeedCPUAdagrad",), "unsupported: use torch.optim.Adagrad", (A,)),
     ("deepspeed.ops.lion", ("DeepSpeedCPULion",), "unsupported: use a torch Lion optimizer", (A,)),
     ("deepspeed.ops.op_builder", ("CPUAdamBuilder", "AsyncIOBuilder", "FusedAdamBuilder"),

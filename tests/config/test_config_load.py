@@ -52,13 +52,23 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path) -> None:
 
 def test_malformed_json_gives_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "m.json"
-    path.write_text('{\n  "train_batch_size": 8\n  "fp16": {}\n}\n')
+    path.write_text('{\n  "train_batch_size": 8\n  "fp16": {}}\n}\n')  # neither JSON nor Hjson
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert [p.render(str(path)) for p in caught.value.problems] == [
         f"{path}: malformed JSON at line 3, column 3: Expecting ',' delimiter"
     ]
     assert caught.value.hint == "fix the JSON syntax at line 3, column 3"
+
+
+def test_a_json_file_in_hjson_loads_as_deepspeed_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "ds.json"  # what hjson.dump writes: unquoted keys and strings, no commas
+    path.write_text("{\n  train_batch_size: 8\n  optimizer:\n  {\n    type: Adam\n    params: {lr: 0.001}\n  }\n}\n")
+    cfg = load_config(path, world_size=1)
+    assert (cfg.train_batch_size, cfg.optimizer.type, cfg.optimizer.params["lr"]) == (8, "Adam", 0.001)
+    path.write_text("{\n  train_batch_size: 8\n  train_batch_size: 4\n}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'train_batch_size'"):
+        load_config(path, world_size=1)
 
 
 def test_malformed_yaml_gives_line_and_column(tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     """Join (or reuse) the default process group from the launcher's environment (also torchrun's)."""
     if distributed_port is not None and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(distributed_port)
-    bootstrap.init_distributed(dist_backend, timeout=timeout, init_method=init_method)
+    bootstrap.init_distributed(dist_backend, timeout=timeout, init_method=init_method, rank=rank,
+                               world_size=world_size)
 
 
 def is_initialized() -> bool:

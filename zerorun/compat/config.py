@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from zerorun.compat.config_keys import get_gradient_clipping
 from zerorun.config import load_config
 from zerorun.config.read import read_source
 
@@ -64,6 +65,6 @@ LION_OPTIMIZER, MUON_OPTIMIZER = "lion", "muon"
 DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, MUADAM_OPTIMIZER,
                         MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
 
-__all__ = ["ADAGRAD_OPTIMIZER", "ADAMW_OPTIMIZER", "ADAM_OPTIMIZER", "DEEPSPEED_OPTIMIZERS", "DeepSpeedConfig",
+__all__ = ["get_gradient_clipping", "ADAGRAD_OPTIMIZER", "ADAMW_OPTIMIZER", "ADAM_OPTIMIZER", "DEEPSPEED_OPTIMIZERS", "DeepSpeedConfig",
            "LAMB_OPTIMIZER", "LION_OPTIMIZER", "MUADAMW_OPTIMIZER", "MUADAM_OPTIMIZER", "MUON_OPTIMIZER",
            "MUSGD_OPTIMIZER"]

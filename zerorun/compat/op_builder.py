@@ -66,6 +66,9 @@ BUILDER_NAMES = ("AsyncIOBuilder", "CPUAdagradBuilder", "CPUAdamBuilder", "CPULi
 
 globals().update({n: _builder_class(n) for n in BUILDER_NAMES})
 ALL_OPS = {cls.NAME: cls() for cls in (globals()[n] for n in BUILDER_NAMES)}
+COMPATIBLE_OPS = {name: name in ("fusedadam", "cpuadam") for name in ALL_OPS}
+"""``deepspeed.ops.__compatible_ops__``: True where the op's Python front works here (FusedAdam and
+DeepSpeedCPUAdam run on torch's Adam), which is what scripts probe it for; no op is ever built."""
 
 
 def get_default_compute_capabilities() -> str:
@@ -79,4 +82,4 @@ def __getattr__(name: str) -> type[OpBuilder]:
     raise AttributeError(f"module 'deepspeed.ops.op_builder' (zerorun) has no attribute {name!r}")
 
 
-__all__ = ["ALL_OPS", "OpBuilder", "get_default_compute_capabilities", *BUILDER_NAMES]
+__all__ = ["ALL_OPS", "COMPATIBLE_OPS", "OpBuilder", "get_default_compute_capabilities", *BUILDER_NAMES]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from zerorun.errors import ZerorunError
 
@@ -46,8 +47,11 @@ DEFAULT_HINT = (
 )
 
 
-class ConfigError(ZerorunError):
-    """The config has one or more errors; ``problems`` lists every one of them."""
+class ConfigError(ZerorunError, ValueError):
+    """The config has one or more errors; ``problems`` lists every one of them.
+
+    Also a ``ValueError``: DeepSpeed raises that for a bad config, and code written against it catches it.
+    """
 
     def __init__(
         self,
@@ -64,3 +68,11 @@ class ConfigError(ZerorunError):
         head = f"{origin}: {count} problem{'s' if count != 1 else ''} in the config:"
         lines = "\n".join(f"  {problem.render(origin)}" for problem in self.problems)
         super().__init__(f"{head}\n{lines}", hint=hint or DEFAULT_HINT)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.origin, self.problems, self.warnings, self.hint)
+
+
+def _rebuilt(cls: type[ConfigError], origin: str, problems: Sequence[Problem], warnings: Sequence[Problem],
+             hint: str | None) -> ConfigError:
+    return cls(origin, problems, warnings=warnings, hint=hint)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
+import hjson
 import yaml
 
 from zerorun.config.problems import ConfigError, Problem
@@ -103,11 +105,26 @@ def strip_json_comments(text: str) -> str:
     return "".join(out)
 
 
+def _json_or_hjson(text: str) -> Any:
+    """JSON; else Hjson (unquoted keys and strings, no commas), which DeepSpeed reads its config files as.
+
+    The JSON error is the one reported when neither parses: it points at the first bad character.
+    """
+    try:
+        return json.loads(strip_json_comments(text), object_pairs_hook=_json_pairs)
+    except json.JSONDecodeError:
+        try:
+            return hjson.loads(text, object_pairs_hook=_json_pairs)
+        except hjson.HjsonDecodeError:
+            pass
+        raise
+
+
 def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
     """Parse config text; JSON when ``is_json`` else YAML (a superset for our purposes)."""
     try:
         if is_json:
-            return json.loads(strip_json_comments(text), object_pairs_hook=_json_pairs)
+            return _json_or_hjson(text)
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as dup:
         line = dup.line or (_line_of_second(text, dup.key) if is_json else None)
@@ -125,14 +142,14 @@ def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
         raise _malformed(origin, None, None, str(err), "YAML") from None
 
 
-def read_source(source: str | Path | dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+def read_source(source: str | os.PathLike[str] | dict[str, Any] | None) -> tuple[dict[str, Any], str]:
     """The raw config dict and its origin (a file name or ``<dict>``) for messages."""
     if source is None:
         return {}, "<defaults>"
     if isinstance(source, dict):
         data, origin = copy.deepcopy(source), DICT_ORIGIN
-    elif isinstance(source, (str, Path)):
-        data, origin = _read_file(Path(source)), str(source)
+    elif isinstance(source, (str, os.PathLike)):  # any path object (pathlib, py.path, ...)
+        data, origin = _read_file(Path(source)), os.fspath(source)
     else:
         raise ConfigError(
             "<config>",

@@ -57,6 +57,11 @@ class OffloadOptimizerConfig(OffloadBlock):
         False, description="Overlap NVMe writes of the optimizer state with the step."
     )
 
+    @property
+    def pipeline(self) -> bool:
+        """DeepSpeed's derived ``pipeline``: NVMe reads or writes overlap the step."""
+        return bool(self.pipeline_read or self.pipeline_write)
+
 
 class OffloadParamConfig(OffloadBlock):
     """Where the 16-bit parameter shards live between uses (stage 3 only)."""

@@ -132,11 +132,13 @@ def _context(local_rank: int) -> DistContext:
 
 
 def init_distributed(dist_backend: str | None = None, timeout: timedelta = timedelta(minutes=30),
-                     init_method: str | None = None) -> DistContext:
+                     init_method: str | None = None, rank: int = -1, world_size: int = -1) -> DistContext:
     """Join (or reuse) the default process group and return this rank's :class:`DistContext`.
 
     The job is read by :func:`~zerorun.engine.comm.scheduler_env.job_env` (zerorun, torchrun,
-    srun, mpirun); with none of their variables the process is a world of one.
+    srun, mpirun); with none of their variables the process is a world of one. An explicit
+    ``init_method`` with ``rank``/``world_size`` (DeepSpeed's ``init_distributed`` arguments,
+    e.g. a ``file://`` rendezvous) is passed to torch as given.
     """
     if dist.is_initialized():
         return _context(int(os.environ.get("LOCAL_RANK", "0")))
@@ -152,7 +154,8 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     if job is not None:
         os.environ.update(job.torch_env())  # env:// reads these; srun/mpirun set only their own
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout,
+    given = {"rank": rank, "world_size": world_size} if init_method is not None and rank >= 0 else {}
+    dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout, **given,
                             **_device_id_kwargs(backend, local_rank))
     atexit.register(_destroy_at_exit)
     return _context(local_rank)

@@ -1,15 +1,28 @@
-"""``deepspeed.launcher.runner``: DeepSpeed's constants that integrations read (accelerate's launch).
+"""``deepspeed.launcher.runner``: DeepSpeed's launcher entry and its resource helpers, on zerorun.
 
-Launch with ``zerorun --num_gpus N script.py`` (or ``--hostfile``); ``main`` is that CLI.
+``main(args)`` takes DeepSpeed's ``deepspeed`` arguments and launches with zerorun's
+launcher (:mod:`zerorun.compat.ds_command`); the hostfile and include/exclude helpers keep
+DeepSpeed's dict shapes and ``ValueError`` (:mod:`zerorun.compat.ds_resources`).
 """
 
 import os
 
+from zerorun.compat.ds_command import DLTS_HOSTFILE, parse_args  # noqa: F401
+from zerorun.compat.ds_command import run as main  # noqa: F401
+from zerorun.compat.ds_resources import (  # noqa: F401
+    apply_num_nodes_and_gpus,
+    encode_world_info,
+    parse_inclusion_exclusion,
+    parse_resource_filter,
+)
+from zerorun.compat.ds_resources import parse_hostfile_lines as _parse_hostfile  # noqa: F401
+
 DEEPSPEED_ENVIRONMENT_NAME = os.getenv("DS_ENV_FILE", ".deepspeed_env")
 
 
-def main(args=None):  # noqa: ANN001, ANN201  DeepSpeed's signature
-    """The ``zerorun`` launcher (imported here only: the library works without the CLI's packages)."""
-    from zerorun.cli import main as cli_main
-
-    return cli_main(args)
+def fetch_hostfile(hostfile_path):  # noqa: ANN001, ANN201  DeepSpeed's signature
+    """``{host: slots}`` of the hostfile, or None when there is no such file (DeepSpeed's local fallback)."""
+    if not os.path.isfile(hostfile_path):
+        return None
+    with open(hostfile_path) as f:
+        return _parse_hostfile(f.readlines())

@@ -1,0 +1,149 @@
+"""DeepSpeed's own unit tests, run under DeepSpeed and under zerorun's drop-in: the acceptance table.
+
+Takes a DeepSpeed source checkout (its ``tests/`` folder is the suite; nothing of it is
+copied into this project) and a venv with DeepSpeed installed (with pytest; see
+shared/peers/README.md for the CPU venv), runs the chosen test files once with DeepSpeed
+and once with zerorun answering ``import deepspeed`` (and the ``deepspeed``/``ds_report``
+commands on PATH), and prints, per file, how many tests pass on DeepSpeed, how many of
+those pass on zerorun, and why the others fail::
+
+    python bench/ds_unit.py --ds-source /path/to/DeepSpeed --ds-venv /path/to/venv-peers
+    python bench/ds_unit.py --ds-source ... --ds-venv ... --files unit/launcher/test_run.py --json out.json
+
+The tests run from a scratch copy of ``tests/``: DeepSpeed's conftest puts the folder
+above it on ``sys.path``, which in the checkout would import the checkout's own
+``deepspeed/`` sources instead of the engine under test. The zerorun run needs the
+harness's own imports in zerorun's venv (``pip install hjson``: DeepSpeed's config tests
+import it directly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FILES = ("checkpoint/test_convert_checkpoint.py", "checkpoint/test_latest_checkpoint.py",
+         "checkpoint/test_reshape_checkpoint.py", "checkpoint/test_shared_weights.py",
+         "checkpoint/test_tag_validation.py", "launcher/test_ds_arguments.py", "launcher/test_multinode_runner.py",
+         "launcher/test_run.py", "launcher/test_user_args.py", "runtime/test_ds_config_dict.py",
+         "runtime/test_ds_config_model.py", "runtime/test_lr_schedulers.py", "runtime/zero/test_zero_config.py",
+         "v1/half_precision/test_gradient_clipping_default.py")
+"""The files of the table in the issue that asked for this suite (DeepSpeed's ``tests/unit/``)."""
+
+
+def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """``{file::test: (outcome, first line of the failure)}`` from a pytest JUnit XML report."""
+    result: dict[str, tuple[str, str]] = {}
+    if not junit.is_file():
+        return result
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "")
+        name = (f"{module.replace('.', '/')}::{case.get('name')}" if module
+                else f"{(case.get('name') or '').replace('.', '/')}::<collection>")  # a file that failed to import
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if case.find("skipped") is not None:
+            result[name] = ("skipped", "")
+        elif bad is not None:
+            result[name] = ("failed", (bad.get("message") or "").splitlines()[0][:110] if bad.get("message") else "")
+        else:
+            result[name] = ("passed", "")
+    return result
+
+
+def run_suite(python: str, tests: Path, files: list[str], env: dict[str, str], junit: Path, timeout: int) -> None:
+    """One pytest run of ``files`` (collection errors do not stop the others)."""
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+           f"--junitxml={junit}", *(f"unit/{f}" for f in files)]
+    subprocess.run(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+
+
+def in_file(name: str, f: str) -> bool:
+    """Whether the JUnit name ``unit/launcher/test_run::test_x`` (or ``.../test_run/TestX::t``) is in ``f``."""
+    path = name.split("::")[0].removeprefix("unit/")
+    stem = f.removesuffix(".py")
+    return path == stem or path.startswith(stem + "/")
+
+
+def _reason(zr: dict[str, tuple[str, str]], name: str, f: str) -> str:
+    if name in zr:
+        return zr[name][1] or zr[name][0]
+    broken = [why for n, (_, why) in zr.items() if n.endswith("::<collection>") and in_file(n, f)]
+    return f"import: {broken[0]}" if broken else "not run"
+
+
+def table(ds: dict[str, tuple[str, str]], zr: dict[str, tuple[str, str]], files: list[str]) -> list[dict]:
+    """Per file: tests passing on DeepSpeed, of those passing on zerorun, and the commonest reasons of the rest."""
+    rows = []
+    for f in files:
+        passing = [n for n, (o, _) in ds.items() if in_file(n, f) and o == "passed"]
+        ours = [n for n in passing if zr.get(n, ("missing", ""))[0] == "passed"]
+        why = Counter(_reason(zr, n, f) for n in passing if n not in ours)
+        rows.append({"file": f, "deepspeed": len(passing), "zerorun": len(ours),
+                     "failing": [f"{c}x {w}" for w, c in why.most_common(3)]})
+    return rows
+
+
+def markdown(rows: list[dict], commit: str) -> str:
+    lines = [f"DeepSpeed tests/unit at {commit}", "",
+             "| DeepSpeed test file | pass on DeepSpeed | pass on zerorun | what fails on zerorun |", "|---|---|---|---|"]
+    lines += [f"| {r['file']} | {r['deepspeed']} | {r['zerorun']} | {'; '.join(r['failing'])} |" for r in rows]
+    lines.append(f"| **all** | **{sum(r['deepspeed'] for r in rows)}** | **{sum(r['zerorun'] for r in rows)}** | |")
+    return "\n".join(lines)
+
+
+def scratch_tests(source: Path, into: Path) -> tuple[Path, str]:
+    """A copy of the checkout's ``tests/`` (its git HEAD when it is a repository) and the commit it is."""
+    commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"
+    if (source / "tests").is_dir():
+        shutil.copytree(source / "tests", into / "tests")
+    else:  # a bare mirror: take tests/ from HEAD
+        archive = subprocess.run(["git", "-C", str(source), "archive", "HEAD", "tests"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "tests", commit
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ds-source", required=True, type=Path, help="a DeepSpeed checkout (or bare mirror)")
+    p.add_argument("--ds-venv", required=True, type=Path, help="a venv with DeepSpeed and pytest installed")
+    p.add_argument("--zerorun-python", default=sys.executable, help="the Python of zerorun's venv (default: this one)")
+    p.add_argument("--files", nargs="*", default=list(FILES), help="files under tests/unit/ (default: the table's)")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per engine")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ns = p.parse_args(argv)
+    from zerorun.compat.ds_commands_link import link
+
+    with tempfile.TemporaryDirectory(prefix="ds-unit-") as tmp:
+        work = Path(tmp)
+        tests, commit = scratch_tests(ns.ds_source, work)
+        base = {k: v for k, v in os.environ.items() if not k.startswith("ZERORUN_")}
+        base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1")
+        ds_env = {**base, "PATH": f"{ns.ds_venv / 'bin'}{os.pathsep}{base['PATH']}"}
+        (work / "bin").mkdir()
+        link(work / "bin", python=ns.zerorun_python, path=[])  # zerorun's venv has no DeepSpeed to shadow
+        zr_env = {**base, "ZERORUN_AS_DEEPSPEED": "force", "PATH": f"{work / 'bin'}{os.pathsep}{base['PATH']}"}
+        run_suite(str(ns.ds_venv / "bin" / "python"), tests, ns.files, ds_env, work / "ds.xml", ns.timeout)
+        run_suite(ns.zerorun_python, tests, ns.files, zr_env, work / "zr.xml", ns.timeout)
+        rows = table(outcomes(work / "ds.xml"), outcomes(work / "zr.xml"), ns.files)
+    print(markdown(rows, commit))
+    if ns.json:
+        ns.json.write_text(json.dumps({"commit": commit, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

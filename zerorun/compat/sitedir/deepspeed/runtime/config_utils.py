@@ -1,0 +1,3 @@
+"""``deepspeed.runtime.config_utils`` -> :mod:`zerorun.compat.config_models`."""
+
+from zerorun.compat.config_models import DeepSpeedConfigModel  # noqa: F401
