@@ -77,6 +77,17 @@ def test_cuda_accelerator_delegates_to_torch_cuda(monkeypatch: pytest.MonkeyPatc
     assert calls == [("set_device", 3), ("synchronize", None), ("empty_cache",), ("reset", None), ("seed", 7)]
 
 
+def test_cuda_total_memory_reads_the_current_device_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``total_memory()`` is the current device's (device 2 here), as every other query, not device 0's."""
+    from types import SimpleNamespace
+
+    sizes = {0: 80 << 30, 2: 40 << 30}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=sizes[i]))
+    a = CudaAccelerator()
+    assert a.total_memory() == 40 << 30 and a.total_memory(0) == 80 << 30
+
+
 def test_unknown_accelerator_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DS_ACCELERATOR", "xpu")
     with pytest.raises(UnsupportedFeature, match="accelerator 'xpu'"):

@@ -217,7 +217,7 @@ def train_case(case: Case, rank: int, world: int, model: nn.Module | None = None
         "persistent_padded": sum(b.plan.padded_numel for b in buckets if b.persistent),
         "tied_padded": sum(buckets[u.buckets[0]].plan.padded_numel for u in engine.parts.units
                            if u.name == "lm_head"),
-        "n_buckets": len(buckets), "max_bucket": max(b.plan.padded_numel for b in buckets),
+        "n_buckets": len(buckets), "n_slots": sum(len(b.plan.slots) for b in buckets), "max_bucket": max(b.plan.padded_numel for b in buckets),
         "fallbacks": coord.stats.fallbacks, "prefetched": coord.stats.prefetched,
         "states_after": sorted({b.state.value for b in buckets if not b.persistent}),
     }

@@ -129,3 +129,51 @@ def test_zero_init_builds_on_the_engine_device_and_model_to_keeps_binding() -> N
             same_storage = p.untyped_storage().data_ptr() == bucket_of(p).data.untyped_storage().data_ptr()
             assert same_storage and p.device == device  # a view of its bucket
             assert torch.equal(p, q)  # out_proj.bias = 0 written by MultiheadAttention's constructor
+
+
+def test_a_refill_bumps_the_buffers_version_never_the_parameters() -> None:
+    """Why stage 3 needs no version-counter reset (9b6a4ae called torch's private
+    ``_unsafe_set_version_counter`` with a tuple, a form torch has only from 2.7): what autograd
+    saves shares the parameter's counter, and the refill writes only the buffer's."""
+    lin, b, _ = _bucket()
+    x = torch.randn(2, 3)
+    out = lin(x)  # saves the weight (a view of the gathered buffer, bound by p.data = view)
+    weight_version, buffer_version = lin.weight._version, b._full._version
+    b.release()
+    b.gather()  # the refill before backward: the shard copy and the all-gather write the buffer
+    assert b._full._version > buffer_version
+    assert lin.weight._version == weight_version
+    out.sum().backward()  # no "modified by an inplace operation" error
+    assert torch.equal(lin.weight.grad, torch.ones(5, 2) @ x)
+
+
+def test_stage_3_trains_without_the_private_version_counter_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On torch 2.4-2.6 the tuple form raised TypeError at the first backward; the call is gone."""
+    import zerorun
+
+    def refuse(*args: object) -> None:
+        raise TypeError("_unsafe_set_version_counter(): incompatible function arguments (torch < 2.7)")
+
+    monkeypatch.setattr(torch._C._autograd, "_unsafe_set_version_counter", refuse, raising=False)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_reuse_distance": 0}}
+    engine, *_ = zerorun.initialize(model=model, config=cfg)
+    for _ in range(2):
+        engine.backward(engine(torch.randn(2, 4)).square().mean())
+        engine.step()
+    assert engine.global_steps == 2
+
+
+def test_units_are_aligned_to_16_bytes_of_bf16() -> None:
+    """Every slot starts, and every rank's chunk is, a whole number of ALIGN_ELEMENTS (as stages 0-2)."""
+    from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS
+
+    lin = nn.Linear(3, 5)
+    for world in (1, 2, 3):
+        b = unit_bucket([lin.weight, lin.bias], Collectives(None, world, 0), "lin")
+        assert all(s.offset % ALIGN_ELEMENTS == 0 for s in b.plan.slots), b.plan.slots
+        assert b.plan.padded_numel % (world * ALIGN_ELEMENTS) == 0
+        assert b.shard_numel % ALIGN_ELEMENTS == 0

@@ -116,7 +116,9 @@ class CudaAccelerator(Accelerator):
         torch.cuda.reset_peak_memory_stats(device_index)
 
     def total_memory(self, device_index: int | None = None) -> int:
-        return torch.cuda.get_device_properties(device_index or 0).total_memory
+        # None is the current device (as every other query here), not device 0
+        index = torch.cuda.current_device() if device_index is None else device_index
+        return torch.cuda.get_device_properties(index).total_memory
 
     def available_memory(self, device_index: int | None = None) -> int:
         return torch.cuda.mem_get_info(device_index)[0]

@@ -16,6 +16,11 @@ holds a view, and the re-gather before the unit's backward writes the same stora
 again, so each saved view reads valid values when autograd uses it. The rule that makes
 this safe lives in :mod:`zerorun.engine.mechanism.gather`: a unit is released after forward only
 when a hook will gather it again before its backward.
+The refill is no in-place edit in autograd's eyes, with nothing to undo: a parameter bound
+with ``p.data = view`` keeps its own version counter (``.data`` assignment swaps the
+storage, not the counter), and what autograd saves (``p``, or a view of ``p`` such as
+``weight.t()``) shares that counter, never the buffer's, which the refill's writes bump
+(tests/engine/test_engine_stage3_units.py shows both).
 With fp32 compute ``local`` is also the fp32 master the optimizer steps (an alias).
 With parameter offload (``offload``, :mod:`zerorun.engine.offload.params`) ``local`` rests
 in host memory or a swap file and is fetched to the compute device for each gather.
@@ -37,7 +42,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.comm.collectives import Collectives, Pending
-from zerorun.engine.mechanism.buckets import BucketPlan, FlatBucket, plan_buckets
+from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.mechanism.guard import guard, unguard
 from zerorun.engine.mechanism.param_state import ParamState, check_transition
 from zerorun.engine.mechanism.placement import to_device
@@ -66,7 +71,10 @@ def unit_bucket(params: list[nn.Parameter], coll: Collectives, name: str, group_
         for p, t in zip(params, moved, strict=True):
             p.data = t
     shapes = [p.shape for p in params]
-    plans = plan_buckets(shapes, max(1, sum(s.numel() for s in shapes)), coll.world_size, group_index)
+    # aligned as stages 0-2 lay out (16 bytes in bf16): every parameter view and every rank's chunk
+    # starts where vectorised kernels and NCCL's fast paths want it; the bound leaves room for the padding
+    bound = sum(-(-s.numel() // ALIGN_ELEMENTS) * ALIGN_ELEMENTS for s in shapes)
+    plans = plan_buckets(shapes, max(1, bound), coll.world_size, group_index, align=ALIGN_ELEMENTS)
     assert len(plans) == 1
     return PartitionedBucket(plans[0], [params[i] for i in plans[0].param_indices], coll, name)
 
@@ -87,7 +95,6 @@ class PartitionedBucket(FlatBucket):
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
-        self._version = 0  # the full buffer's autograd version before the refill in flight
         self.offload: ParamOffload | None = None  # a ParamOffload holding the resting shard (offload_param), else None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
@@ -134,7 +141,6 @@ class PartitionedBucket(FlatBucket):
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
-        self._version = full._version  # restored when the refill is complete (see _keep_version)
         if self.offload is None:
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
@@ -147,7 +153,6 @@ class PartitionedBucket(FlatBucket):
         assert self._pending is not None
         self._pending.wait()
         self._pending = None
-        _keep_version(self._full, self._version)
         self.bind()
 
     def gather(self) -> None:
@@ -218,18 +223,6 @@ class PartitionedBucket(FlatBucket):
 
 def _free(flat: torch.Tensor) -> None:
     flat.untyped_storage().resize_(0)
-
-
-def _keep_version(flat: torch.Tensor, version: int) -> None:
-    """Refilling a buffer with the values it held is not an in-place edit for autograd.
-
-    The views that autograd saved in forward share the buffer's version counter; writing
-    the same values back (the re-gather before backward: the shard copy, then the
-    all-gather's writes until its wait) would otherwise read as a modification and fail
-    backward. So the counter goes back to what it was before the refill, once the refill
-    is complete.
-    """
-    torch._C._autograd._unsafe_set_version_counter((flat,), (version,))
 
 
 def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:

@@ -62,7 +62,11 @@ class ShardAccumulator:
         if acc is None:
             acc = self.acc[index] = self._new(self.buckets[index])
         if self.fresh[index]:
-            torch.mul(part, alpha, out=acc)
+            # cast, then scale in fp32, as the later add_ does: torch.mul(part, alpha, out=acc) would
+            # compute in part's dtype (bf16: relative error 2^-9 at alpha 1/3) and only then widen
+            acc.copy_(part)
+            if alpha != 1.0:
+                acc.mul_(alpha)
             self.fresh[index] = False
         else:
             acc.add_(part, alpha=alpha)
