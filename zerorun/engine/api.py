@@ -203,10 +203,11 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
-    if not stage.shard_parameters:  # sharded parameters move unit by unit (units.plan_units)
-        model.to(ctx.device)
-    coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+    # the bootstrap's group at world 1 too: its backend decides the policy (NCCL's buckets on one GPU)
+    coll = Collectives(ctx.group, ctx.world_size, ctx.rank)
     if optimizer is None and cfg.optimizer is None:  # a reference/teacher/eval model: forward passes only
+        if not stage.shard_parameters:  # sharded parameters move unit by unit (units.plan_units)
+            model.to(ctx.device)
         return _initialize_inference(ctx, coll, model, cfg, stage, precision, lr_scheduler, training_data,
                                      collate_fn)
     opt = _make_optimizer(cfg, optimizer, model, model_parameters)

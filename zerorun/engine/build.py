@@ -26,10 +26,11 @@ from torch.utils.hooks import RemovableHandle
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
-from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
+from zerorun.engine.flat_setup import move_the_rest, streamed_buckets, streamed_masters
+from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.mechanism.masters import MasterShards, PartitionedMasters
+from zerorun.engine.mechanism.masters import PartitionedMasters
 from zerorun.engine.mechanism.partition import PartitionedBucket
 from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT
 from zerorun.engine.mechanism.units import plan_units
@@ -105,34 +106,6 @@ def cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
             p.data = p.data.to(dtype)
 
 
-def _flat_layout(groups: list[list[nn.Parameter]], ctx: DistContext, coll: Collectives,
-                 bucket_size: int) -> Layout:
-    layout = Layout([], [])
-    size = layout_numel(bucket_size, coll.native_reduce_scatter)
-    for gi, params in enumerate(groups):
-        for plan in plan_buckets([p.shape for p in params], size, ctx.world_size, gi, align=ALIGN_ELEMENTS):
-            layout.buckets.append(FlatBucket(plan, [params[i] for i in plan.param_indices], ctx.world_size, ctx.rank))
-            layout.group_of_bucket.append(gi)
-    return layout
-
-
-def _flat_masters(module: nn.Module, layout: Layout, policy: StagePolicy, precision: PrecisionPolicy,
-                  coll: Collectives, offload: OffloadPolicy | None, optimizer: torch.optim.Optimizer) -> Masters:
-    """Masters of replicated buckets (from rank 0's fp32 weights), then every parameter in the compute dtype."""
-    with torch.no_grad():
-        for b in layout.buckets:
-            coll.broadcast(b.data, src=0)
-    offloaded = offload is not None and offload.enabled  # an offloaded master is a separate (host) copy
-    masters = wrap_masters(MasterShards(layout.buckets, sharded=policy.shard_optimizer,
-                                        alias=precision.master_is_alias and not offloaded,
-                                        overlap_gather=coll.device.type == "cuda"), offload, optimizer)
-    for b in layout.buckets:
-        b.cast_(precision.compute_dtype)
-    masters.rebind()
-    cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
-    return masters
-
-
 def _unit_masters(layout: Layout, coordinator: GatherCoordinator, precision: PrecisionPolicy,
                   offload: OffloadPolicy | None, param_offload: OffloadPolicy | None,
                   optimizer: torch.optim.Optimizer) -> tuple[Masters, ParamOffload | None]:
@@ -156,10 +129,15 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
                 offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None) -> Parts:
     groups = optimizer_groups(module, optimizer)
     bucket_size = int(zero_cfg.reduce_bucket_size)
+    master_data: list[torch.Tensor] = []
     if policy.shard_parameters:
         layout = unit_layout(module, groups, coll, precision, zero_cfg, ctx.device)
-    else:
-        layout = _flat_layout(groups, ctx, coll, bucket_size)
+    else:  # bucket by bucket onto the device, masters taken on the way (flat_setup)
+        buckets, group_of, master_data, alias = streamed_buckets(groups, coll, ctx.device, bucket_size, policy,
+                                                                 precision, offload)
+        move_the_rest(module, ctx.device)
+        cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
+        layout = Layout(list(buckets), group_of)
     coll.open_shared_lane(layout.largest())  # same-host gloo ranks: shared memory, a slot per bucket
     coordinator = None
     param_store = None
@@ -170,7 +148,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         # units under this share reduce-scatters
         grad_sync = policy.grad_sync(layout.buckets, coll, reduce, coordinator, min(bucket_size, COALESCE_LIMIT))
     else:
-        masters = _flat_masters(module, layout, policy, precision, coll, offload, optimizer)
+        masters = streamed_masters(layout.buckets, master_data, alias, policy, coll, offload, optimizer)
         # the staging holds at most what DeepSpeed's bucket(s) would: reduce_bucket_size elements, twice
         # with overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions
         staging = bucket_size * (2 if reduce.overlap_comm else 1)

@@ -21,6 +21,10 @@ inherit it) turns on:
     The NCCL policy on gloo: native reduce-scatter / all-gather-into-tensor (gloo has both)
     instead of the point-to-point exchanges and the shared-memory lane, and buckets laid
     out at the configured ``reduce_bucket_size`` instead of the gloo cap.
+``live``
+    Every collective is issued even at world size 1, where the engine would skip it: on one
+    GPU (the GPU check) NCCL's kernels, the asynchronous works, their waits and the buffers
+    freed after them then run as they do at world N.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from zerorun.engine.comm.work import Work
 
 CHECK_ENV = "ZERORUN_CHECK_COLLECTIVES"
-MODES = frozenset({"deferred", "device", "native"})
+MODES = frozenset({"deferred", "device", "live", "native"})
 _INT_POISON = -0x5A5A5A5A  # what an integer buffer holds while its collective is in flight
 
 

@@ -106,11 +106,11 @@ class Collectives:
         """``live_at_one``: issue the collectives even at world size 1 (the one-GPU check: NCCL's
         kernels then run, where the engine would skip them)."""
         self.group = group
-        self.live_at_one = live_at_one and group is not None
         self.world_size = world_size
         self.rank = rank
         self.counter = CommCounter()
         self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.comm.checks)
+        self.live_at_one = (live_at_one or "live" in self.checks) and group is not None
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
             device_type, backend = serving(group_backends(group), torch.cuda.is_available())
@@ -253,7 +253,8 @@ class Collectives:
         agreed by all (any rank that cannot map the segments makes all use gloo).
         """
         slot_bytes = shm.slot_bytes_for(4 * largest_numel, self.world_size)
-        if self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu":
+        if (self.lane is not None or self.native_reduce_scatter or not self._live() or self.device.type != "cpu"
+                or self.world_size < 2):
             return self.lane is not None
         offer = (shm.lane_supported(), shm.host_identity(), shm.new_token())
         offers = self.all_gather_object(offer)

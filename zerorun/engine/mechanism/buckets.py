@@ -145,12 +145,15 @@ def plan_buckets(shapes: list[torch.Size], bucket_size: int, world_size: int,
 class FlatBucket:
     """One bucket's flat parameter buffer; its parameters are views into it."""
 
-    def __init__(self, plan: BucketPlan, params: list[nn.Parameter], world_size: int, rank: int) -> None:
+    def __init__(self, plan: BucketPlan, params: list[nn.Parameter], world_size: int, rank: int,
+                 device: torch.device | None = None) -> None:
+        """The buffer is made on ``device`` (default: the first parameter's) and filled from the
+        parameters wherever they are; binding them to it frees their own storage."""
         self.plan = plan
         self.params = params
         self.world_size = world_size
         self.rank = rank
-        dtype, device = params[0].dtype, params[0].device
+        dtype, device = params[0].dtype, device or params[0].device
         self.data = torch.zeros(plan.padded_numel, dtype=dtype, device=device)
         with torch.no_grad():
             for p, slot in zip(params, plan.slots, strict=True):

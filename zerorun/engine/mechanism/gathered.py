@@ -84,7 +84,7 @@ class Init:
         if not _shards_parameters(self.config, ctx.world_size):
             self.enabled = False
             return self
-        self.coll = Collectives(ctx.group if ctx.world_size > 1 else None, ctx.world_size, ctx.rank)
+        self.coll = Collectives(ctx.group, ctx.world_size, ctx.rank)  # at world 1 too: the backend's policy
         self.device = ctx.device  # buckets are built and broadcast where the engine computes
         for cls in _subclasses(nn.Module):
             if "__init__" in cls.__dict__:

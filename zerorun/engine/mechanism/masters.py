@@ -25,9 +25,12 @@ from zerorun.engine.offload.params import ParamOffload
 
 
 class MasterShards:
-    def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool, overlap_gather: bool = False) -> None:
+    def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool, overlap_gather: bool = False,
+                 masters: list[torch.Tensor] | None = None) -> None:
         """Create masters from the buckets' current (fp32) data; call before casting the buckets.
 
+        ``masters``: their data taken already, bucket by bucket (stages 0-2's streamed set-up,
+        :mod:`zerorun.engine.flat_setup`), then the buckets may be cast already.
         ``overlap_gather``: all-gather each bucket while the next one steps (the engine sets it
         on CUDA, see :meth:`step`).
         """
@@ -36,9 +39,12 @@ class MasterShards:
         self.alias = alias
         self.overlap_gather = overlap_gather
         self.masters: list[nn.Parameter] = []
-        for b in buckets:
-            owned = self.owned(b, b.data)
-            data = owned if alias else owned.detach().clone().float()
+        for i, b in enumerate(buckets):
+            if masters is not None:
+                data = masters[i]
+            else:
+                owned = self.owned(b, b.data)
+                data = owned if alias else owned.detach().clone().float()
             self.masters.append(nn.Parameter(data, requires_grad=True))
 
     def owned(self, bucket: FlatBucket, flat: torch.Tensor) -> torch.Tensor:

@@ -128,8 +128,8 @@ class Transfers:
             self.syncs += 1
 
     def _slot_of(self, t: torch.Tensor) -> int | None:
-        ptr = t.untyped_storage().data_ptr()
-        return next((k for k, buf in enumerate(self._ring) if buf.untyped_storage().data_ptr() == ptr), None)
+        storage = t.untyped_storage()  # one Python object per live storage: identity, on any device
+        return next((k for k, buf in enumerate(self._ring) if buf.untyped_storage() is storage), None)
 
     def host_copy(self, t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A new host copy of ``t`` (pinned when pinning), complete when this returns."""

@@ -74,8 +74,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
+    """The storage's identity and size: torch keeps one Python object per live storage (``meta``
+    storages have no address to tell them apart), so the id is stable while the bytes live."""
     s = t.untyped_storage()
-    return s.data_ptr(), s.nbytes()
+    return id(s), s.nbytes()
 
 
 @dataclass
@@ -110,18 +112,36 @@ class InFlight:
 class CopyStream:
     """The stand-in's current stream: copies in flight in issue order, and the "pinned" host buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: torch.device | str = "cpu") -> None:
+        """``host``: where the "pinned" buffers are made (``meta`` in a simulated world of any size)."""
         self.seq = 0
+        self.host = torch.device(host)
         self.inflight: list[InFlight] = []
-        self._pinned: dict[tuple[int, int], weakref.ref[torch.Tensor]] = {}
+        # by storage (torch keeps one Python object per live storage): a parameter whose .data was set
+        # to a pinned tensor is pinned, whatever became of that tensor's own object
+        self._pinned: dict[tuple[int, int], weakref.ref[torch.UntypedStorage]] = {}
+        self.allocating_host = False  # true while a pinned buffer is being made (an allocation ledger reads it)
 
     def register(self, t: torch.Tensor) -> torch.Tensor:
-        self._pinned[_storage_key(t)] = weakref.ref(t)
+        self._pinned[_storage_key(t)] = weakref.ref(t.untyped_storage())
         return t
 
+    def host_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        self.allocating_host = True
+        try:
+            return self.register(torch.empty(shape, dtype=dtype, device=self.host))
+        finally:
+            self.allocating_host = False
+
+    def host_clone(self, t: torch.Tensor) -> torch.Tensor:
+        out = self.host_empty(t.shape, t.dtype)
+        out.copy_(t)
+        return out
+
     def is_pinned(self, t: torch.Tensor) -> bool:
-        ref = self._pinned.get(_storage_key(t))
-        return ref is not None and ref() is not None
+        storage = t.untyped_storage()
+        ref = self._pinned.get((id(storage), storage.nbytes()))
+        return ref is not None and ref() is storage
 
     def issue(self, dst: torch.Tensor, src: torch.Tensor, to_host: bool) -> None:
         self.seq += 1
@@ -140,9 +160,8 @@ class CopyStream:
 
     def reading(self, host: torch.Tensor) -> list[InFlight]:
         """Copies in flight whose host side is ``host``'s storage."""
-        key = _storage_key(host)[0]
-        return [c for c in self.inflight
-                if _storage_key(c.dst if c.to_host else c.src)[0] == key]
+        storage = host.untyped_storage()
+        return [c for c in self.inflight if (c.dst if c.to_host else c.src).untyped_storage() is storage]
 
 
 class StandInEvent:
@@ -181,10 +200,10 @@ class DeferredTransfers(Transfers):
         self.stream = stream
 
     def _pin(self, t: torch.Tensor) -> torch.Tensor:
-        return self.stream.register(t.clone())
+        return self.stream.host_clone(t)
 
     def _pinned_empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        return self.stream.register(torch.empty(shape, dtype=dtype))
+        return self.stream.host_empty(shape, dtype)
 
     def is_pinned(self, t: torch.Tensor) -> bool:
         return self.stream.is_pinned(t)
@@ -209,10 +228,17 @@ class DeferredTransfers(Transfers):
 _STREAM: list[CopyStream] = []  # one per process, made on first use: the stand-in of the current stream
 
 
+def stream() -> CopyStream:
+    """This process's stand-in stream (made on first use, on the simulation's device when one runs)."""
+    if not _STREAM:
+        from zerorun import simulate
+
+        _STREAM.append(CopyStream("meta" if simulate.device_type() == "meta" else "cpu"))
+    return _STREAM[0]
+
+
 def transfers(pin_memory: bool) -> Transfers:
     """The transfers of an offload policy: the stand-in when ``ZERORUN_CHECK_COPIES=deferred``."""
     if "deferred" not in check_modes():
         return Transfers(pin_memory)
-    if not _STREAM:
-        _STREAM.append(CopyStream())
-    return DeferredTransfers(pin_memory, _STREAM[0])
+    return DeferredTransfers(pin_memory, stream())
