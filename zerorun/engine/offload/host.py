@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.offload import copy_checks
 from zerorun.engine.offload.policy import OffloadPolicy
 
 if TYPE_CHECKING:
@@ -32,8 +33,13 @@ class HostMasters:
         self.inner = inner
         self.policy = policy
         self.copies = policy.transfers()
+        # nvme writes the masters to files and frees them: pinned, torch's host cache would keep them
+        home = self.copies if policy.device == "cpu" else copy_checks.transfers(False)
         for b, m in zip(inner.buckets, inner.masters, strict=True):
-            m.data = self.copies.host_copy(m.data, torch.float32)
+            if home.on_host(m.data) and m.dtype == torch.float32:
+                m.data = home.pinned(m.data)  # taken on the host already (stages 0-2's set-up)
+            else:
+                m.data = home.host_copy(m.data, torch.float32)
             if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
                 b.master = m.data
 

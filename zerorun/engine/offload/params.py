@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from zerorun.engine.offload import copy_checks
 from zerorun.engine.offload.nvme import release_freed_memory
 from zerorun.engine.offload.policy import OffloadPolicy, policy_for
 from zerorun.engine.offload.swapper import Swapper
@@ -61,6 +62,7 @@ class ParamOffload:
         self.writes: list[Future[None]] = []
         self.read_aheads = 0  # reads issued by the prefetch before the gather that needs them
         self.copies = policy.transfers()
+        self.pageable = copy_checks.transfers(False)  # host copies bound for the swap files
         if policy.device == "nvme":
             assert policy.nvme_path is not None
             need = sum(n * dt.itemsize for n, dt in self.meta)
@@ -85,7 +87,9 @@ class ParamOffload:
                 self.copies.copy(bucket.local, shard)  # queued from a device; waited for in flush()
             return
         self.reads.pop(i, None)
-        self.writes.append(self.swapper.write(f"p{i}", self.copies.host_copy(shard, self.meta[i][1])))
+        # pageable: the copy is written to its file and freed; pinned, torch's caching host allocator would
+        # keep a block per shard (NVMe would pin as much as cpu offload)
+        self.writes.append(self.swapper.write(f"p{i}", self.pageable.host_copy(shard, self.meta[i][1])))
         bucket.local = torch.empty(0, dtype=self.meta[i][1], device="cpu")
 
     def read_ahead(self, bucket: PartitionedBucket) -> None:
