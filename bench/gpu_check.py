@@ -34,6 +34,22 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
 * ``throughput/stage{0..3}``: a 1B-class GPT (0.87B parameters, bf16, AdamW, 4 x 1024 tokens):
   step time, tokens/s, model TFLOPs (6 per parameter per token + attention), peak memory.
 
+* ``engine/live-stage{0..3}``: the engine with every collective issued at world 1
+  (``ZERORUN_CHECK_COLLECTIVES=live``) on the bootstrap's backend and device (NCCL's policy:
+  native reduce-scatter, configured buckets), under the stress mode (``torch.cuda._sleep``
+  before every collective wait and every queued host<->device copy: the compute stream is
+  busy, so anything the host does not wait for is still queued), parity as above.
+* ``stage3/nvme-pinned``: stage 3 with parameters and optimizer on NVMe, ``pin_memory``, on the
+  ~100M model (units large enough for the copies to overlap), stressed: parity against stage 3
+  without offload, and the pinned host bytes torch's caching host allocator keeps after the
+  steps within the staging ring + the gradient shards copied down (no masters, no shards).
+* ``setup/stage{0..2}``: initialize's own peak (``max_memory_allocated``) within the model in
+  bf16 + one fp32 bucket + the masters on the device (none with ``offload_optimizer``, stages
+  1-2), or what the stage holds after set-up, whichever is larger.
+
+``--dry-run`` prints every check with its sizes, bounds and time budget, computed from the
+models built on the ``meta`` device, and runs nothing.
+
 What one GPU cannot prove: the order of collectives between ranks (NCCL at world size 1 is a
 copy, a mismatch cannot hang or mix buckets), the overlap of communication with compute
 (a world-1 collective takes no time), cross-rank numerics (reduction order, padding of
@@ -67,6 +83,8 @@ if str(ROOT) not in sys.path:  # run as `python bench/gpu_check.py` from anywher
 import zerorun  # noqa: E402
 import zerorun.engine.comm.bootstrap  # noqa: E402
 from bench import gpu_check_device as device_checks  # noqa: E402
+from bench import gpu_check_plan  # noqa: E402
+from bench import gpu_check_stress as stress  # noqa: E402
 from zerorun.engine.metrics import model_state_bytes  # noqa: E402
 from zerorun.estimate import (  # noqa: E402
     ActivationPolicy,
@@ -311,6 +329,63 @@ def check_memory(s: Sizes, device: torch.device, stage: int, **zero: Any) -> dic
     return out
 
 
+def check_live(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
+    """Parity with every collective issued at world 1, stressed (see bench/gpu_check_stress.py)."""
+    with stress.live_collectives(), stress.stressed() as counts:
+        engine = build(s.parity, config(s.parity, stage, "fp32"))
+        losses = train(engine, s.parity, 0, s.steps)
+    out = compare("fp32", s.steps, losses, params_of(engine), reference(s.parity, "fp32", s.steps, device))
+    calls = {k: v["calls"] for k, v in engine.comm_stats().items() if v["calls"]}
+    out |= {"calls": calls, "native": engine.coll.native_reduce_scatter, "stressed": dict(counts),
+            "live": engine.coll.live_at_one}
+    cuda = device.type == "cuda"
+    out["passed"] = out["passed"] and engine.coll.live_at_one and bool(calls) and (
+        not cuda or (out["native"] and counts["waits"] > 0))
+    return on_device(out, engine, device)
+
+
+def check_nvme_pinned(s: Sizes, device: torch.device, swap: Path) -> dict[str, Any]:
+    """Stage 3, parameters and optimizer on NVMe with pin_memory, stressed, against stage 3 without offload."""
+    g, cuda = s.memory, device.type == "cuda"
+    pinned = {"device": "nvme", "nvme_path": str(swap), "pin_memory": True}
+    zero = {"stage3_param_persistence_threshold": 0, "reduce_bucket_size": 50_000_000}
+    results = {}
+    for name, extra in (("plain", {}), ("nvme", {"offload_param": pinned, "offload_optimizer": pinned})):
+        gc.collect()
+        with stress.stressed() as counts:
+            engine = build(g, config(g, 3, "fp32", **zero, **extra))
+            results[name] = train(engine, g, 0, s.steps)
+        if name == "nvme":
+            held, bound = stress.pinned_host_bytes(), stress.nvme_pinned_bound(engine)
+            engine.parts.param_offload.close()
+        del engine
+    err = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(results["nvme"], results["plain"], strict=True))
+    out = {"losses": results["nvme"], "plain_losses": results["plain"], "loss_rel_err": err, "stressed": dict(counts),
+           "pinned_host_bytes": held, "pinned_bound": bound}
+    out["passed"] = err <= 1e-5 and (not cuda or (held is not None and held <= bound))
+    return out
+
+
+def check_setup_peak(s: Sizes, device: torch.device, stage: int) -> dict[str, Any]:
+    """initialize's peak on the device against stages 0-2's streamed set-up bound."""
+    g, cuda = s.memory, device.type == "cuda"
+    zero: dict[str, Any] = {"reduce_bucket_size": 50_000_000}
+    if stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}  # the masters never touch the device
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    engine = build(g, config(g, stage, "bf16", **zero))
+    if not cuda:
+        return {"passed": True, "dry": True, **stress.setup_bound(engine, 0)}
+    peak, after = torch.cuda.max_memory_allocated() - base, torch.cuda.memory_allocated() - base
+    out = {"setup_peak": peak, **stress.setup_bound(engine, after)}
+    out["passed"] = peak <= out["bound"] * 1.02 + (8 << 20)  # allocator rounding, cuBLAS workspace
+    return out
+
+
 def check_setup(device: torch.device, dry: bool) -> dict[str, Any]:
     """The group serves the device the mode asks for: CUDA with NCCL, or the CPU with gloo (dry)."""
     backends = zerorun.engine.comm.bootstrap.group_backends()
@@ -331,6 +406,11 @@ def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tup
     for stage in range(4):
         out.append((f"memory/stage{stage}", lambda st=stage: check_memory(s, device, st)))
     out.append(("memory/stage3-reuse0", lambda: check_memory(s, device, 3, stage3_max_reuse_distance=0)))
+    for stage in range(4):
+        out.append((f"engine/live-stage{stage}", lambda st=stage: check_live(s, device, st)))
+    out.append(("stage3/nvme-pinned", lambda: check_nvme_pinned(s, device, scratch / "swap-pinned")))
+    for stage in range(3):
+        out.append((f"setup/stage{stage}", lambda st=stage: check_setup_peak(s, device, st)))
     out.append(("collectives/world1", lambda: device_checks.check_collectives(device)))
     out.append(("sanitizer/parity", lambda: device_checks.check_sanitizer(dry, scratch)))
     for stage in range(4):
@@ -406,7 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="folder for summary.json "
                         "(default: bench/results/gpu_check/<UTC time>)")
     parser.add_argument("--only", default=None, help="run the checks whose name contains this")
+    parser.add_argument("--dry-run", action="store_true", help="print every check's sizes, bounds and time "
+                        "budget (models on the meta device) and run nothing")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        print(gpu_check_plan.render(gpu_check_plan.plan(GPU_SIZES, make_model, config, [n for n, _ in
+                                                       checks(GPU_SIZES, torch.device("meta"), Path("."), False)])))
+        return 0
     out = args.out or ROOT / "bench" / "results" / "gpu_check" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     summary = run(args.cpu, out, args.only)
     failed = [n for n, c in summary["checks"].items() if not c["passed"]]

@@ -54,13 +54,18 @@ def check_collectives(device: torch.device) -> dict[str, Any]:
 
 
 def check_sanitizer(cpu: bool, scratch: Path) -> dict[str, Any]:
-    """The parity checks again in a child process under ``TORCH_CUDA_SANITIZER=1``: every kernel's
+    """The parity checks again in a child process under ``TORCH_CUDA_SANITIZER=1``, every collective
+    issued (``ZERORUN_CHECK_COLLECTIVES=live``): every kernel's
     reads and writes are checked against the streams' order (a missing wait_stream/record_stream
     is reported as a data race). On the CPU there are no streams (and a CPU build of torch refuses
     the variable): the same child runs unchecked."""
     out_dir = scratch / "sanitizer"
     argv = [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--only", "parity/stage", "--out", str(out_dir)]
-    env = dict(os.environ) if cpu else {**os.environ, "TORCH_CUDA_SANITIZER": "1"}  # a CPU build cannot enable it
+    # every collective issued at world 1 (live): NCCL's stream then exists beside the compute stream, so
+    # the sanitizer has two streams' order to check (without it every kernel ran on one stream)
+    env = {**os.environ, "ZERORUN_CHECK_COLLECTIVES": "live"}
+    if not cpu:
+        env["TORCH_CUDA_SANITIZER"] = "1"  # a CPU build cannot enable it
     proc = subprocess.run(argv + (["--cpu"] if cpu else []), env=env, capture_output=True, text=True, timeout=300)
     races = proc.stderr.count("CSAN detected a possible data race")
     return {"passed": proc.returncode == 0 and races == 0, "returncode": proc.returncode, "races": races,
@@ -79,13 +84,17 @@ def count_syncs(engine: Any, steps: int, make_batch: Any, loss_of: Any) -> dict[
     """Host syncs during ``steps`` optimizer steps, as ``set_sync_debug_mode("warn")`` reports
     them (the loop itself reads no loss); budget: one per step (the gradient norm)."""
     cuda = engine.device.type == "cuda"
+    # the batches are on the device before counting: a blocking host->device copy is two syncs of
+    # the loop, not of the engine (9b6a4ae built them in the loop: 3 per step against a budget of 1)
+    batches = [make_batch(step, engine.device) for step in range(steps)]
+    if cuda:
+        torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
         try:
-            for step in range(steps):
-                x, y = make_batch(step, engine.device)
+            for x, y in batches:
                 engine.backward(loss_of(engine(x), y))
                 engine.step()
         finally:

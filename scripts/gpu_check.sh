@@ -4,6 +4,7 @@
 #   bash scripts/gpu_check.sh                  # writes bench/results/gpu_check/<UTC time>/summary.json
 #   bash scripts/gpu_check.sh --out DIR        # ... or DIR/summary.json
 #   bash scripts/gpu_check.sh --cpu --out DIR  # dry mode: the same code path on CPU/gloo, tiny sizes (CI)
+#   bash scripts/gpu_check.sh --dry-run        # every check with its sizes, bounds and time budget; runs nothing
 #
 # Exit status 0 when every check passed, 1 otherwise; each check's figures are in the JSON.
 # Stops after 8 minutes at the latest. The checks are listed in bench/gpu_check.py.

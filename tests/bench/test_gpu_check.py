@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = (["setup"] + [f"parity/stage{s}-{d}" for s in range(4) for d in ("fp32", "bf16")]
             + ["stage3/zero_init", "stage3/offload_cpu", "stage3/offload_nvme", "checkpoint/stage2",
                "checkpoint/stage3"] + [f"memory/stage{s}" for s in range(4)]
-            + ["memory/stage3-reuse0", "collectives/world1", "sanitizer/parity"]
+            + ["memory/stage3-reuse0"] + [f"engine/live-stage{s}" for s in range(4)]
+            + ["stage3/nvme-pinned"] + [f"setup/stage{s}" for s in range(3)]
+            + ["collectives/world1", "sanitizer/parity"]
             + [f"syncs/stage{s}" for s in range(4)] + [f"throughput/stage{s}" for s in range(4)])
 
 
@@ -50,7 +52,24 @@ def test_gpu_check_dry_mode_runs_every_check_and_passes(tmp_path: Path) -> None:
         assert summary["checks"][f"syncs/stage{stage}"]["syncs"] is None  # no CUDA: nothing to count
         speed = summary["checks"][f"throughput/stage{stage}"]
         assert speed["tokens_per_s"] > 0 and speed["model_tflops"] > 0 and speed["params"] > 0
+    for stage in range(4):  # every collective issued at world 1 (gloo here), parity held
+        live = summary["checks"][f"engine/live-stage{stage}"]
+        assert live["live"] and live["calls"] and live["loss_rel_err"] <= 1e-5, live
+    assert summary["checks"]["stage3/nvme-pinned"]["loss_rel_err"] <= 1e-5
+    assert summary["checks"]["setup/stage1"]["device_masters"] == 0  # offloaded: no master on the device
     assert f"summary: {tmp_path / 'summary.json'}" in proc.stdout
+
+
+def test_gpu_check_dry_run_prints_every_check_with_its_arithmetic() -> None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"],
+                          env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split()[0] for line in lines[1:-1]] == list(EXPECTED)
+    setup1 = next(line for line in lines if line.startswith("setup/stage1"))
+    assert "bf16 model" in setup1 and "fp32 bucket" in setup1 and "device masters 0.000 GiB" in setup1
+    assert "ring 2 x pow2" in next(line for line in lines if line.startswith("stage3/nvme-pinned"))
+    assert "host syncs over 5 steps <= 5" in proc.stdout and "of the 480 s limit" in lines[-1]
 
 
 def test_gpu_check_without_cuda_and_without_cpu_flag_says_so(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Stage 3's kept-gathered window and traffic per step, decided as the engine's gather coordinator decides.
 
 Pure arithmetic over the units of one training pass (no torch): each unit is one bucket,
-padded to a multiple of the world size; a unit under
+padded to a multiple of the world size times the alignment; a unit under
 ``stage3_param_persistence_threshold`` elements stays gathered and is re-gathered once
 after each step. From the second step on the coordinator replays the first step's
 order - forward in order, then backward in reverse - and after a unit's forward it
@@ -63,8 +63,14 @@ def decoder_units(shape: ModelShape) -> list[int]:
     return [shape.vocab * h, *layer * shape.layers, h, *head]
 
 
+ALIGN_ELEMENTS = 8  # the engine's unit alignment (zerorun.engine.mechanism.buckets.ALIGN_ELEMENTS)
+
+
 def _padded(n: int, world_size: int) -> int:
-    return -(-n // world_size) * world_size
+    """A unit's bucket: its elements padded to a whole number of aligned shards (one parameter per
+    unit in a decoder, so slot alignment adds nothing before the end)."""
+    step = world_size * ALIGN_ELEMENTS
+    return -(-n // step) * step
 
 
 class _Replay:
