@@ -1,12 +1,14 @@
-"""A seeded fuzz pass over the hostfile parser and the --include/--exclude filters: every
-input gives a result or zerorun's own error (file:line or flag, and a hint), never a
-traceback, and never an expansion past the bounds."""
+"""A seeded fuzz pass over the hostfile parser, the --include/--exclude filters and the
+--ranks/--bind_core_list lists: every input gives a result or zerorun's own error
+(file:line or flag, and a hint), never a traceback, and never an expansion past the bounds."""
 
 from __future__ import annotations
 
 import random
 import time
 
+from launcher.affinity import parse_core_list
+from launcher.args import parse_rank_list
 from launcher.errors import LaunchError
 from launcher.filters import select
 from launcher.hostfile import parse_hostfile
@@ -63,3 +65,18 @@ def test_the_filters_never_raise_anything_else() -> None:
         selected += 1
         assert all(n.slots and max(n.slots) < n.host.slots for n in nodes), spec
     assert selected > N // 20 and time.monotonic() - started < 10
+
+
+def test_the_rank_and_core_lists_never_raise_anything_else() -> None:
+    rng, started = random.Random(32), time.monotonic()
+    for _ in range(N):
+        text = _text(rng) if rng.random() < 0.5 else ",".join(
+            rng.choice(["0", "3", "1-2", "0-99999999999", "9" * 30, "4-1", "", "x"]) for _ in range(rng.randint(1, 4)))
+        for parse in (parse_rank_list, parse_core_list):
+            try:
+                values = parse(text)
+            except LaunchError as e:
+                assert e.message and e.hint, (text, e)
+                continue
+            assert len(values) <= 1 << 20, text
+    assert time.monotonic() - started < 10
