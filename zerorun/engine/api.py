@@ -27,7 +27,7 @@ from zerorun.engine.build import Parts, build_parts
 from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.engine import Engine
-from zerorun.engine.errors import EngineError, rank_prefixed
+from zerorun.engine.errors import EngineError, MissingModel, rank_prefixed
 from zerorun.engine.inference import InferenceEngine, build_inference_parts
 from zerorun.engine.mechanism.grad_sync import ReducePolicy
 from zerorun.engine.numerics import precision as precision_mod
@@ -179,7 +179,7 @@ def initialize(model: nn.Module | None = None, optimizer: OptimizerArg | None = 
     if isinstance(model, argparse.Namespace):  # DeepSpeed's positional order is (args, model, ...)
         args, model, optimizer, model_parameters = model, optimizer, model_parameters, None
     if model is None:
-        raise EngineError("initialize() needs model=", "pass the nn.Module to train: initialize(model=model, ...)")
+        raise MissingModel("initialize() needs model=", "pass the nn.Module to train: initialize(model=model, ...)")
     if mpu is not None:
         raise EngineError("model parallelism (mpu=) is not supported", "drop mpu=; the engine is data-parallel")
 

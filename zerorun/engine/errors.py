@@ -12,3 +12,7 @@ class EngineError(ZerorunError):
 def rank_prefixed(rank: int, message: str) -> str:
     """Errors inside ranks start with ``[rank N]`` so a launcher's merged log shows who failed."""
     return f"[rank {rank}] {message}"
+
+
+class MissingModel(EngineError, AssertionError):
+    """``initialize`` without a model. Also an ``AssertionError``: DeepSpeed asserts it, and callers catch that."""
