@@ -4,6 +4,7 @@ expanded, and every bad hostfile line is reported in one pass."""
 
 from __future__ import annotations
 
+import resource
 import shlex
 import subprocess
 import sys
@@ -74,10 +75,22 @@ def test_ranges_are_bounded_before_they_are_expanded() -> None:
     assert time.monotonic() - started < 2
 
 
-def test_num_gpus_out_of_bounds_is_a_clear_error(tmp_path: Path) -> None:
-    out = subprocess.run(zerorun_argv("--num_gpus", "8000000000", "--dry-run", "t.py"), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "a host has 1 to 4096" in out.stderr and "Traceback" not in out.stderr
+def _at_most_2_gib() -> None:  # an unbounded expansion fails fast here instead of taking the machine's memory
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--num_gpus", "8000000000"], "a host has 1 to 4096"),
+    (["-H", "hf", "-i", "w1:0-99999999999"], "past the 4096 slots a host may have"),
+    (["-H", "hf", "--ranks", "0-99999999999"], "--ranks '0-99999999999': bad item"),
+    (["-H", "big"], "big:1: slots=8000000000 in 'w1 slots=8000000000' is more than the 4096"),
+])
+def test_huge_ranges_are_a_clear_error_through_the_cli(tmp_path: Path, args: list[str], needle: str) -> None:
+    (tmp_path / "hf").write_text("w1 slots=8\n")
+    (tmp_path / "big").write_text("w1 slots=8000000000\n")
+    out = subprocess.run(zerorun_argv(*args, "--launcher", "ssh", "--dry-run", "t.py"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, preexec_fn=_at_most_2_gib)
+    assert out.returncode == 1 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def _plan(cwd: str = HOSTILE_CWD, python: str = "/py"):  # type: ignore[no-untyped-def]
