@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import signal
 import socket
@@ -109,6 +110,7 @@ class RankShim:
         self.kill_timeout = float(env.get(KILL_TIMEOUT_ENV, "10"))
         self.sink = OutputSink(self.host, sys.stdout.buffer, sys.stderr.buffer)
         self.stop_signal: int | None = None
+        self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         # mpirun's daemon may SIGKILL the shim alone: the rank must not outlive it
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, preexec_fn=die_with_parent(signal.SIGKILL))
@@ -123,19 +125,25 @@ class RankShim:
             self.sink.line(self.rank, data, is_err)
 
     def on_signal(self, signum: int, _frame: object) -> None:
-        """srun/mpirun stop the step (or the launcher stops them): pass it on, it is not a failure."""
-        self.stop_signal = signum
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signum)
+        """srun/mpirun stop the step (or the launcher stops them): pass it on, it is not a failure.
+
+        The handler only queues the signal; the wait loop forwards it (no lock taken in a handler)."""
+        self.signals.put(signum)
 
     def wait(self) -> int:
         deadline: float | None = None
         while self.proc.poll() is None:
+            while not self.signals.empty():
+                self.stop_signal = self.signals.get()
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(self.stop_signal)
             if self.stop_signal is not None and deadline is None:
                 deadline = time.monotonic() + self.kill_timeout
             if deadline is not None and time.monotonic() > deadline:
                 self.proc.kill()
             time.sleep(0.05)
+        if not self.signals.empty():  # a stop that arrived as the rank ended on its own
+            self.stop_signal = self.signals.get()
         for t in self.readers:
             t.join(timeout=1.0)
         rc = self.proc.returncode

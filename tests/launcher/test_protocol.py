@@ -161,3 +161,15 @@ def test_the_shim_keeps_the_key_from_its_rank_and_signs_its_report() -> None:
     assert out.returncode == 4 and lines[0] == "[h:1] no key", out.stderr
     event = decode_event(lines[1], KEY)
     assert event is not None and (event.kind, event.fields["rank"], event.fields["exit_code"]) == ("failed", 1, 4)
+
+
+def test_the_dry_run_never_shows_the_key() -> None:
+    from launcher.display import command_line, plan_json, plan_text
+    from launcher.runners import RunnerKind, build_commands
+
+    plan = build_plan((NodeSlots(Host("w1", 2), (0, 1)),), command=("x",), job_id="j", cwd="/w", python="p",
+                      channel_key=new_key())
+    for kind in (RunnerKind.SSH, RunnerKind.PDSH, RunnerKind.SLURM, RunnerKind.OPENMPI):
+        cmds = build_commands(plan, kind, payload_dir="/w/.zerorun/j")
+        shown = plan_text(plan, cmds, kind, None) + json.dumps(plan_json(plan, cmds, kind))
+        assert plan.channel_key not in shown + "".join(command_line(c) for c in cmds) + " ".join(cmds[0].argv)
