@@ -124,6 +124,15 @@ def test_every_runner_quotes_a_hostile_cwd(kind: RunnerKind) -> None:
     _sh_n(check_argv(plan, plan.nodes[-1].host, SshOptions())[-1])
 
 
+def test_a_host_that_skipped_the_parser_is_still_no_option() -> None:
+    plan = build_plan(select((Host("-Fevil", 1), Host("-oProxyCommand=sh", 1))), command=["x"], job_id="J", cwd="/w",
+                      python="/py")
+    for cmd in build_commands(plan, RunnerKind.SSH):
+        assert cmd.argv[-3] == "--" and cmd.argv[-2].startswith("-")
+    assert check_argv(plan, "-Fevil", SshOptions())[-3:-1] == ["--", "-Fevil"]
+    assert all(dict(c.env)["PDSH_SSH_ARGS"].endswith("-- %h") for c in build_commands(plan, RunnerKind.PDSH))
+
+
 def test_the_remote_strings_run_in_a_hostile_cwd_and_run_nothing_else(tmp_path: Path) -> None:
     cwd = tmp_path / "bob's \"run\" $(id >pwned) ;touch pwned2 && `id` 100%h"
     cwd.mkdir()

@@ -163,6 +163,7 @@ def test_a_killed_agent_takes_its_ranks_along(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 137, err
     assert wait_gone(pids, timeout=10) == []
+    assert wait_groups_gone(set(pids), timeout=10) == []  # each rank led its own group: nothing of it is left
 
 
 def test_ctrl_c_stops_every_rank(tmp_path: Path) -> None:
