@@ -36,6 +36,8 @@ from launcher.output import OutputSink
 from launcher.plan import DeviceMode, LaunchPlan, rank_argv, rank_env
 from launcher.planfile import read_plan_file
 from launcher.protocol import MAX_TEXT, Command, drop_key, encode_event
+from launcher.threads import VAR as THREADS_VAR
+from launcher.threads import node_cores, threads_for
 from zerorun.compat.activate import rank_env as compat_env
 
 POLL_S = 0.05
@@ -96,9 +98,13 @@ class Agent:
             env = drop_key({**os.environ, **rank_env(self.plan, self.node.node_rank, local_rank, gpu)})
             env.update(compat_env(env))  # ZERORUN_AS_DEEPSPEED: the `deepspeed` package on PYTHONPATH
             pin = None
-            if shares is not None:
-                env["OMP_NUM_THREADS"] = str(len(shares[local_rank]))
-                pin = functools.partial(os.sched_setaffinity, 0, shares[local_rank])  # in the child, before exec
+            share = None if shares is None else shares[local_rank]
+            omp = threads_for(env, self.plan.options.threads_per_rank, len(self.node.ranks), node_cores(),
+                              None if share is None else len(share))
+            if omp is not None:  # unset: each rank's share of the cores, not all of them (torchrun's rule)
+                env[THREADS_VAR] = omp
+            if share is not None:
+                pin = functools.partial(os.sched_setaffinity, 0, share)  # in the child, before exec
             proc = subprocess.Popen(
                 rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd, preexec_fn=functools.partial(_arm, lifeline, pin),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

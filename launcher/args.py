@@ -12,6 +12,7 @@ from launcher.errors import LaunchError
 from launcher.hostnames import MAX_RANKS, bounded_range
 from launcher.parser import LauncherParser
 from launcher.runners import RunnerKind
+from launcher.threads import threads_per_rank_arg
 
 EXAMPLES = """\
 Examples:
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--bind_cores_to_rank", action="store_true",
                    help="pin each rank to its own share of the node's cores (and set OMP_NUM_THREADS to it)")
     e.add_argument("--bind_core_list", help="with --bind_cores_to_rank: the cores to share out, e.g. '0,2-5'")
+    e.add_argument("--threads_per_rank", type=threads_per_rank_arg, metavar="N",
+                   help="OMP_NUM_THREADS of every rank (default: OMP_NUM_THREADS if set, else each rank's "
+                        "share of its node's cores, at least 1, as torchrun does)")
     e.add_argument("--as_deepspeed", action="store_true",
                    help="`import deepspeed` in the ranks resolves to zerorun's compatibility package (no script edit); "
                         "sets ZERORUN_AS_DEEPSPEED=1")

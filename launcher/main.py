@@ -29,6 +29,7 @@ from launcher.preflight import preflight
 from launcher.protocol import new_key
 from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
+from launcher.threads import say_threads
 from zerorun.compat import ENV_VAR as COMPAT_ENV
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
@@ -198,7 +199,7 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
     options = AgentOptions(
         kill_timeout=ns.kill_timeout, log_dir=str(Path(ns.log_dir).resolve()) if ns.log_dir else None,
         console_ranks=parse_rank_list(ns.ranks) if ns.ranks else None, color=color, devices=devices,
-        bind_cores=ns.bind_cores_to_rank, bind_core_list=ns.bind_core_list,
+        bind_cores=ns.bind_cores_to_rank, bind_core_list=ns.bind_core_list, threads_per_rank=ns.threads_per_rank,
     )
     command = rank_command(ns)
     plan = build_plan(
@@ -236,6 +237,7 @@ def main(argv: list[str]) -> int:
         check_mpirun_as_root(tuple(shlex.split(ns.launcher_args)), os.environ, os.geteuid())
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
         preflight(plan, ssh_options(ns))
+    say_threads(plan, local)
 
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else make_plan(ns, nodes, local)[0]

@@ -61,6 +61,9 @@ class AgentOptions:
     """Pin each local rank to its own share of the node's cores (``--bind_cores_to_rank``)."""
     bind_core_list: str | None = None
     """The cores to share out (``--bind_core_list "0,2-5"``); default: the agent's own affinity."""
+    threads_per_rank: int | None = None
+    """``OMP_NUM_THREADS`` of every rank (``--threads_per_rank``); None: the user's, else the rank's
+    share of its node's cores (launcher/threads.py)."""
 
 
 @dataclass(frozen=True)
