@@ -63,7 +63,7 @@ def _wait_listening(port: int, deadline: float) -> None:
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     if os.geteuid() != 0 or not os.path.exists(SSHD):
-        pytest.skip("needs root and openssh-server (scripts/setup.sh installs it)")
+        pytest.skip("needs root and openssh-server (scripts/setup-tests.sh installs it)")
     root = tmp_path_factory.mktemp("sshd")
     for name in ("host_key", "user_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)

@@ -118,7 +118,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = [d for d in DAEMONS if not shutil.which(d) and not os.path.exists(f"/usr/sbin/{d}")]
     if missing:
-        skip_loudly("Slurm", f"{', '.join(missing)} not installed (scripts/setup.sh installs slurm-wlm)")
+        skip_loudly("Slurm", f"{', '.join(missing)} not installed (scripts/setup-tests.sh installs slurm-wlm)")
     if os.geteuid() != 0:
         skip_loudly("Slurm", "slurmd must run as root to start jobs (CI runs as root)")
     root = tmp_path_factory.mktemp("slurm")

@@ -29,7 +29,7 @@ NODES = ("127.0.0.2", "127.0.0.3")
 @pytest.fixture(scope="module")
 def mpi_env() -> Iterator[dict[str, str]]:
     if not shutil.which("mpirun"):
-        skip_loudly("OpenMPI", "mpirun not installed (scripts/setup.sh installs openmpi-bin)")
+        skip_loudly("OpenMPI", "mpirun not installed (scripts/setup-tests.sh installs openmpi-bin)")
     yield {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
