@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before the first restart, doubling for each next one (default 1)")
     o.add_argument("--kill_timeout", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL at teardown (default 10)")
     o.add_argument("--color", choices=["auto", "always", "never"], default="auto", help="colour the [host:rank] prefixes")
+    o.add_argument("--debug", action="store_true",
+                   help="full tracebacks for zerorun's own errors in the ranks too (sets ZERORUN_DEBUG=1)")
     o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="print the rank table and the per-node commands, run nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")

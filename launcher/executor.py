@@ -34,6 +34,7 @@ from typing import IO, TextIO
 
 from launcher.lifecycle import exit_status
 from launcher.lifeline import die_with_parent
+from launcher.once import OnceFilter
 from launcher.plan import LaunchPlan
 from launcher.planfile import write_plan_file
 from launcher.procs import ProcInfo, child_groups, kill_group
@@ -118,6 +119,8 @@ class Executor:
         self.kill_at: float | None = None
         self.signal_status = 130
         self._lock = threading.Lock()
+        self.once = OnceFilter()
+        """What of the ranks' stderr reached the console (the failure report repeats none of it)."""
         self.handlers: dict[str, list[Handler]] = {
             "started": [self._on_started], "failed": [self._on_failed], "exited": []}
 
@@ -164,6 +167,8 @@ class Executor:
                     continue
             if is_err:
                 run.stderr_tail.append(text.rstrip("\n"))
+                if not self.once.show(text):  # the same error from another rank: shown once
+                    continue
             with self._lock:
                 sink.write(text if text.endswith("\n") else text + "\n")
                 sink.flush()

@@ -187,6 +187,8 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
         env["ZERORUN_CONFIG"] = config
     if ns.as_deepspeed:
         env[COMPAT_ENV] = "1"
+    if ns.debug:
+        env["ZERORUN_DEBUG"] = "1"
     port, port_reason = master_port(ns.master_port)
     devices = DeviceMode(ns.devices)
     gpus = local_gpus(os.environ, gpu_count()) if local else ()

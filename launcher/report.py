@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.once import OnceFilter, text_of
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -49,8 +51,12 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10) -> str:
-    """The summary printed at the end of a failed run (root cause = ``failures[0]``)."""
+def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10,
+                  console: OnceFilter | None = None) -> str:
+    """The summary printed at the end of a failed run (root cause = ``failures[0]``).
+
+    ``console`` is what reached the console: a stderr tail printed there already is not
+    repeated (each message once), the box points at it instead."""
     if not failures:
         return ""
     root = failures[0]
@@ -66,9 +72,13 @@ def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10
         f"  time      : {_when(root.time)}",
         f"  logs      : {root.log_path or 'console only (pass --log_dir DIR for per-rank files)'}",
     ]
-    if root.stderr_tail:
-        lines.append(f"  last {min(tail_lines, len(root.stderr_tail))} lines of its stderr:")
-        lines += [f"    {text}" for text in root.stderr_tail[-tail_lines:]]
+    tail = root.stderr_tail[-tail_lines:]
+    if tail and console is not None and all(console.printed(text) for text in tail):
+        ranks = ", ".join(map(str, console.ranks(tail[-1]))) or "?"
+        lines.append(f"  error     : printed above (by rank(s) {ranks})")
+    elif tail:
+        lines.append(f"  last {len(tail)} lines of its stderr:")
+        lines += [f"    {text}" for text in tail]
     else:
         lines.append("  stderr    : (empty)")
     lines += _others(failures, root)
@@ -82,7 +92,8 @@ def _others(failures: list[Failure], root: Failure) -> list[str]:
     A bad input every rank reads (a missing file, a wrong key) fails all of them the
     same way: the error is shown once, above, and the others are only counted.
     """
-    same = [f for f in failures[1:] if f.stderr_tail and f.stderr_tail[-1:] == root.stderr_tail[-1:]
+    last = text_of(root.stderr_tail[-1]) if root.stderr_tail else None
+    same = [f for f in failures[1:] if f.stderr_tail and text_of(f.stderr_tail[-1]) == last
             and f.exit_code == root.exit_code]
     lines = []
     if same:

@@ -88,9 +88,10 @@ def run_with_restarts(
         plan = plan_for(restart) if restart == 0 else fresh_attempt(plan_for(restart))
         if policy.max_restarts:
             plan = with_restart_count(plan, restart)
-        result = Executor(plan, commands_for(plan)).run()
+        executor = Executor(plan, commands_for(plan))
+        result = executor.run()
         if result.failures:
-            print(format_report(result.failures, plan.world_size), file=err, flush=True)
+            print(format_report(result.failures, plan.world_size, console=executor.once), file=err, flush=True)
         if not result.failures or result.interrupted or restart >= policy.max_restarts:
             if result.failures and policy.max_restarts and not result.interrupted:
                 print(f"zerorun: giving up after {restart} restart(s) (--max_restarts {policy.max_restarts})",

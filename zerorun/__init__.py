@@ -16,6 +16,10 @@ if "torch" in sys.modules:  # the physical memory baseline: torch loaded, the sc
 
 __version__ = "0.1.0"
 
+from zerorun import rank_errors as _rank_errors  # noqa: E402
+
+_rank_errors.install()  # zerorun's own errors in a script: message and hint, no traceback
+
 _LAZY = {
     "initialize": ("zerorun.engine.api", "initialize"),
     "init_distributed": ("zerorun.engine.comm.bootstrap", "init_distributed"),

@@ -63,6 +63,8 @@ from pathlib import Path
 
 import torch
 
+from zerorun.errors import ZerorunError
+
 SLOTS = 4
 # every segment a rank maps, its own and its peers': 16 MiB (2 MiB slots at world 2, 1 MiB at 4)
 LANE_BYTES = 16 * 2**20
@@ -80,8 +82,15 @@ DTYPE_CODES = {dt: i + 1 for i, dt in enumerate(
 _SPINS_BEFORE_SLEEP = 200
 
 
-class PeerLost(RuntimeError):
-    """A peer rank stopped taking part (it exited, or did not post within the timeout)."""
+class PeerLost(ZerorunError, RuntimeError):
+    """A peer rank stopped taking part (it exited, or did not post within the timeout).
+
+    A consequence, never the cause: it is shown as zerorun's own error (one line and the
+    hint, no traceback unless ZERORUN_DEBUG), pointing at the rank that stopped first."""
+
+    def __init__(self, message: str,
+                 hint: str = "the rank that stopped first is the root cause: its own error is above") -> None:
+        super().__init__(message, hint)
 
 
 class CollectiveMismatch(RuntimeError):
