@@ -239,3 +239,47 @@ def test_a_collective_is_ready_once_every_peer_posted_it() -> None:
     lanes[0].complete_through(seq)
     lanes[1].complete_through(seq)
     assert x.tolist() == y.tolist() == [3.0] * 250
+
+
+TOKEN = "feedfacecafe0028"
+
+
+def _taken_then_die(rank: int, world: int, planted: str, report: str) -> None:
+    """First a name another process holds (rank 1's), then rank 1 dying inside the lane's all_true."""
+    shared_memory.new_token = lambda: TOKEN
+    coll = Collectives(dist.group.WORLD, world, rank)
+    opened = coll.open_shared_lane(SLOT_NUMEL)
+    coll.all_true(True)
+    taken = f"opened={opened} planted={os.path.exists(planted)} own={shared_memory.segment_path(TOKEN, 0).exists()}"
+    os.unlink(planted) if rank == 1 else None
+    coll.all_true(True)
+    if rank == 1:
+        coll.all_true = lambda ok: (_ for _ in ()).throw(RuntimeError("rank 1 dies in all_true"))
+    try:
+        coll.open_shared_lane(SLOT_NUMEL)
+        outcome = "no error"
+    except Exception as e:  # rank 0: gloo tells it rank 1 is gone
+        if rank == 1:
+            raise
+        outcome = type(e).__name__
+    left = [f for f in _shm_files() if f.startswith(f"zerorun-lane-{TOKEN}")]
+    with open(report, "w") as f:
+        f.write(f"{taken} {outcome} {left}")
+
+
+@pytest.mark.timeout(120)
+def test_a_name_this_rank_did_not_create_is_never_unlinked_and_a_peer_dying_leaks_no_segment(tmp_path) -> None:
+    planted, report = shared_memory.segment_path(TOKEN, 1), tmp_path / "rank0.txt"
+    planted.write_bytes(b"someone else's")
+    try:
+        with pytest.raises(RankFailure, match="rank 1 dies in all_true"):
+            run_distributed(_taken_then_die, 2, str(planted), str(report), timeout=60)
+    finally:
+        planted.unlink(missing_ok=True)
+    deadline = time.monotonic() + 10
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = report.read_text()
+    assert text.startswith("opened=False planted=True own=False "), text  # refused, left alone, own name gone
+    assert text.endswith(" []"), text  # after rank 1 died in all_true, neither segment is left
+    assert not [f for f in _shm_files() if f.startswith(f"zerorun-lane-{TOKEN}")]

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from zerorun.engine.offload.swapper import LOCK, Swapper, _bytes, _read, _write
@@ -77,6 +79,7 @@ SWAP_FOREVER = f"""
 import sys
 sys.path.insert(0, {REPO!r})
 from pathlib import Path
+import pytest
 import torch
 from zerorun.engine.offload.swapper import Swapper
 s = Swapper(Path(sys.argv[1]), 2, 0)
@@ -131,3 +134,32 @@ def test_a_sigkilled_runs_swap_files_are_removed_at_the_next_start_a_live_runs_k
         live.communicate(input="", timeout=30)
         killed.kill()
     assert live.returncode == 0 and not alive.exists()  # a normal exit cleans its own
+
+
+def test_swap_folders_are_0700_and_their_files_0600_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)  # the most open umask: only the swapper's own modes stand between the weights and others
+    try:
+        s = Swapper(tmp_path, 1, 0)
+        s.write("master", torch.ones(4)).result()
+    finally:
+        os.umask(old)
+    try:
+        assert stat.S_IMODE(s.dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE((s.dir / "master").stat().st_mode) == 0o600
+        assert stat.S_IMODE(Path(str(s.dir) + LOCK).stat().st_mode) == 0o600
+    finally:
+        s.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder of another user needs root")
+def test_a_stale_looking_folder_of_another_user_is_left_alone(tmp_path: Path) -> None:
+    from zerorun.engine.offload.swapper import PREFIX, _host, remove_stale
+
+    theirs = tmp_path / f"{PREFIX}{_host()}-999999-0"
+    theirs.mkdir()
+    (theirs / "master").write_bytes(b"theirs")
+    Path(str(theirs) + LOCK).touch()
+    for p in (theirs, theirs / "master", Path(str(theirs) + LOCK)):
+        os.chown(p, 65534, 65534)
+    assert remove_stale(tmp_path) == []
+    assert (theirs / "master").read_bytes() == b"theirs"

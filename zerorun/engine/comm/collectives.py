@@ -263,16 +263,19 @@ class Collectives:
         token = offers[0][2]
         own: torch.Tensor | None = None
         segments: list[torch.Tensor] = []
-        with suppress(OSError, RuntimeError):  # a full /dev/shm, or torch refusing the mapping
-            own = shm.create_segment(token, self.rank, slot_bytes)
-        if self.all_true(own is not None):
-            try:
-                segments = [own if r == self.rank else shm.open_segment(token, r, slot_bytes)
-                            for r in range(self.world_size)]
-            except (OSError, RuntimeError):
-                segments = []
-        opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
-        shm.segment_path(token, self.rank).unlink(missing_ok=True)
+        try:
+            with suppress(OSError, RuntimeError):  # a full /dev/shm, a name that exists, torch refusing the mapping
+                own = shm.create_segment(token, self.rank, slot_bytes)
+            if self.all_true(own is not None):
+                try:
+                    segments = [own if r == self.rank else shm.open_segment(token, r, slot_bytes)
+                                for r in range(self.world_size)]
+                except (OSError, RuntimeError):
+                    segments = []
+            opened = self.all_true(bool(segments))  # every rank has mapped every segment (or given up)
+        finally:  # also when a peer dies in all_true: the name goes, the mapping lives on while needed
+            if own is not None:  # only a name this rank created: an existing one is someone else's
+                shm.segment_path(token, self.rank).unlink(missing_ok=True)
         if opened:
             self.lane = SharedLane(segments, self.rank, slot_bytes, group_timeout_s(self.group, self.device))
             self.counter.via["reduce_scatter"] = self.counter.via["all_gather"] = self.counter.via["all_reduce"] = (

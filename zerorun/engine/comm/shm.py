@@ -161,15 +161,16 @@ def create_segment(token: str, rank: int, slot_bytes: int) -> torch.Tensor:
     fails here with an ``OSError``, not later with a SIGBUS on first touch.
     """
     path, size = segment_path(token, rank), segment_bytes(slot_bytes)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)  # a name that exists: not ours
     try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+        seg = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+    except BaseException:  # created here, so removed here: the caller never learns its name was taken
         path.unlink(missing_ok=True)
         raise
-    finally:
-        os.close(fd)
-    seg = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
     header = seg[:HEADER_BYTES].view(torch.int64)
     header.zero_()
     header[_PID] = os.getpid()

@@ -6,7 +6,9 @@ NVMe for the multi-MB tensors swapped here; the AIO bindings on PyPI (``libaio``
 ``pyaio``, ``caio``) are thin, asyncio-oriented or little maintained, and would add a
 native dependency for no measured gain at this size.
 
-One directory per swapper (``zerorun-swap-<host>-<pid>-<n>``) holds one file per tensor;
+One directory per swapper (``zerorun-swap-<host>-<pid>-<n>``, mode 0700) holds one file per
+tensor (mode 0600, opened without following symlinks), so other users of a shared disk
+cannot read the model's state;
 beside it, ``<that name>.lock`` is held (``flock``) by the owner for as long as it lives.
 Both are removed by :meth:`Swapper.close`, when the swapper is garbage-collected, and at
 interpreter exit (also after an exception). A SIGKILL leaves it behind, but its lock dies
@@ -57,7 +59,9 @@ def _bytes(t: torch.Tensor) -> memoryview:
 
 def _write(path: Path, t: torch.Tensor) -> None:
     data = t.detach().contiguous()  # held here while the view of its memory is written
-    with open(path, "wb", buffering=0) as f:
+    # 0600, never through a symlink: a shared /local_nvme must not show other users the weights
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+    with open(fd, "wb", buffering=0) as f:
         f.write(_bytes(data))
 
 
@@ -72,6 +76,8 @@ def _read(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 PREFIX = "zerorun-swap-"
 LOCK = ".lock"
+DIR_MODE = 0o700  # the swap directory and its files are this user's alone: they hold the model's state
+FILE_MODE = 0o600
 
 
 def _host() -> str:
@@ -81,7 +87,7 @@ def _host() -> str:
 def _try_lock(path: Path, create: bool = False) -> int | None:
     """An fd holding an exclusive ``flock`` on ``path``, or None when a live process holds it."""
     try:
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), FILE_MODE)
     except OSError:
         return None
     try:
@@ -92,19 +98,30 @@ def _try_lock(path: Path, create: bool = False) -> int | None:
     return fd
 
 
+def _mine(path: Path) -> bool:
+    """``path`` exists, is no symlink, and belongs to this user."""
+    try:
+        return not path.is_symlink() and path.lstat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
 def remove_stale(root: Path) -> list[Path]:
     """Remove the swap directories under ``root`` left by dead processes of this host; return them.
 
     A directory is stale when its lock file can be locked: the owner held the lock for its
     whole life, and the kernel drops it when the owner dies, SIGKILL included. Directories
-    of other hosts (a shared disk) and those without a lock file are left alone.
+    of other hosts (a shared disk), of other users, symlinks and those without a lock file
+    are left alone.
     """
     removed = []
     for lock in sorted(root.glob(f"{PREFIX}{_host()}-*{LOCK}")):
+        d = lock.with_name(lock.name[: -len(LOCK)])
+        if not (_mine(lock) and _mine(d)):
+            continue
         fd = _try_lock(lock)
         if fd is None:
             continue
-        d = lock.with_name(lock.name[: -len(LOCK)])
         try:
             shutil.rmtree(d, ignore_errors=True)
             lock.unlink(missing_ok=True)
@@ -123,7 +140,8 @@ def _make_dir(root: Path) -> tuple[Path, int]:
     if fd is None:
         raise OSError(f"cannot lock {hidden}")
     try:
-        (root / name).mkdir()
+        (root / name).mkdir(mode=DIR_MODE)
+        os.chmod(root / name, DIR_MODE)  # exactly 0700, whatever the umask
         os.rename(hidden, root / f"{name}{LOCK}")
     except OSError:
         hidden.unlink(missing_ok=True)
