@@ -43,3 +43,24 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
         f.write('{"run_key": "k", "knobs": {"x": 2}, "sta')
     assert [r.knobs for r in ledger.records("k")] == [{"x": 1}]
     assert knob_key({"b": 1, "a": 2}) == knob_key({"a": 2, "b": 1})
+
+
+def test_the_record_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append(TrialRecord.from_outcome("k", {"x": 1}, TrialOutcome(Outcome.FINISHED, 1.0, 1.0)))
+    with open(path, "ab") as f:
+        f.write('{"run_key": "k", "knobs": {"x": 2}, "reason": "caf\u00e9'.encode()[:-1])  # torn mid-character
+    ledger.append(TrialRecord.from_outcome("k", {"x": 3}, TrialOutcome(Outcome.FINISHED, 1.0, 1.0)))
+    ledger.append(TrialRecord.from_outcome("k", {"x": 4}, TrialOutcome(Outcome.OOM, reason="oom")))
+    assert [r.knobs for r in ledger.records("k")] == [{"x": 1}, {"x": 3}, {"x": 4}]
+    assert len(path.read_bytes().splitlines()) == 4  # the torn fragment stays, alone on its line
+
+
+def test_a_record_an_older_writer_glued_to_a_torn_line_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    ledger.append(TrialRecord.from_outcome("k", {"x": 3}, TrialOutcome(Outcome.FINISHED, 1.0, 1.0)))
+    whole = path.read_text()
+    path.write_text('{"run_key": "k", "knobs": {"x": 2}, "sta' + whole + "not json {\n")
+    assert [r.knobs for r in ledger.records("k")] == [{"x": 3}]

@@ -3,7 +3,8 @@
 Records are keyed by a run key, the hash of the starting config, the script's bytes
 and its arguments, so a rerun of the same tuning resumes and skips finished trials,
 and a changed config or script starts afresh in the same file. Nothing is ever
-deleted; a torn last line (a crash mid-write) is ignored.
+deleted; a torn last line (a crash mid-write) is ignored, and the next record still
+starts a line of its own, so the tear never swallows it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,28 @@ class TrialRecord:
         return cls(**{**known, "status": Outcome(data["status"])})
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _parse(line: str) -> TrialRecord | None:
+    """The record on ``line``; a torn or foreign line gives None, never an error. A line where an
+    older writer appended a record right after a torn one yields that record (the last object)."""
+    decoder = json.JSONDecoder()
+    start = 0
+    while start >= 0:
+        try:
+            data, end = decoder.raw_decode(line, start)
+            if line[end:].strip() == "" and isinstance(data, dict):
+                return TrialRecord.from_json(data)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            pass
+        start = line.find("{", start + 1)
+    return None
+
+
 class Ledger:
     """The JSONL file at ``path``; appends are flushed and fsynced one line at a time."""
 
@@ -86,20 +109,21 @@ class Ledger:
     def append(self, record: TrialRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(record.to_json(), sort_keys=True) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
+        with open(self.path, "ab") as f:
+            if f.tell() > 0 and not _ends_with_newline(self.path):
+                line = "\n" + line  # the last line was torn by a crash: this record starts a line of its own
+            f.write(line.encode())
             f.flush()
             os.fsync(f.fileno())
 
     def __iter__(self) -> Iterator[TrialRecord]:
         if not self.path.exists():
             return
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, encoding="utf-8", errors="replace") as f:  # a torn multi-byte character too
             for line in f:
-                try:
-                    yield TrialRecord.from_json(json.loads(line))
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    continue  # a torn or foreign line: skip it, never fail the resume
+                record = _parse(line)
+                if record is not None:
+                    yield record
 
     def records(self, key: str) -> list[TrialRecord]:
         """Every record of one run, in the order they were written."""

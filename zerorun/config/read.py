@@ -1,7 +1,8 @@
 """Reading a config source (a JSON or YAML file, or a dict) into a plain dict.
 
 Duplicate keys are errors (the later value would silently win). A malformed file
-is reported with its name, line and column. JSON may carry ``//`` and ``/* */``
+is reported with its name, line and column; YAML merge keys work and aliases are bounded
+(``yaml_load``). JSON may carry ``//`` and ``/* */``
 comments and a UTF-8 byte-order mark, as DeepSpeed (which reads hjson) allows. YAML follows YAML 1.1 as PyYAML does,
 except that ``5e8`` (no dot) is read as the number DeepSpeed users mean, not a string.
 """
@@ -19,34 +20,11 @@ import hjson
 import yaml
 
 from zerorun.config.problems import ConfigError, Problem
+from zerorun.config.yaml_load import DuplicateKey as _DuplicateKey
+from zerorun.config.yaml_load import StrictLoader as _StrictLoader
+from zerorun.config.yaml_load import Unbounded
 
 DICT_ORIGIN = "<dict>"
-
-_SCIENTIFIC = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str, line: int | None) -> None:
-        super().__init__(key)
-        self.key = key
-        self.line = line
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads ``5e8`` as a float."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789"))
-
 
 def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
@@ -140,6 +118,12 @@ def parse_text(text: str, origin: str, *, is_json: bool) -> Any:
         raise _malformed(origin, line, column, message, "YAML") from None
     except yaml.YAMLError as err:
         raise _malformed(origin, None, None, str(err), "YAML") from None
+    except Unbounded as err:
+        raise ConfigError(origin, [Problem("", err.message)], hint=err.hint) from None
+    except RecursionError:
+        kind = "JSON" if is_json else "YAML"
+        raise ConfigError(origin, [Problem("", f"the {kind} nests too deeply to read")],
+                          hint="a config nests a few levels; check the file for runaway brackets") from None
 
 
 def read_source(source: str | os.PathLike[str] | dict[str, Any] | None) -> tuple[dict[str, Any], str]:
