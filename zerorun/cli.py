@@ -11,8 +11,10 @@ unless ``ZERORUN_DEBUG`` is set.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -30,6 +32,9 @@ from zerorun.commands.boundary import click_module, from_click, print_error
 from zerorun.commands.options import ALIASES
 from zerorun.config.suggest import did_you_mean
 from zerorun.errors import UsageError, ZerorunError
+
+if TYPE_CHECKING:
+    import click
 
 app = typer.Typer(
     name="zerorun",
@@ -153,8 +158,15 @@ def _run(kind: str, args: list[str]) -> int:
         return 0
     if args and args[0] not in ("launch", "autotune"):
         args = one_spelling(args)
-    result = app(args=args, prog_name="zerorun", standalone_mode=False)
+    result = _command()(args=args, prog_name="zerorun", standalone_mode=False)
     return result if isinstance(result, int) else 0
+
+
+@functools.cache
+def _command() -> click.Command:
+    """The click command of ``app``, built once: typer rebuilds it from the signatures on every call
+    (about 50 ms), which every test and every fuzzed command line would pay."""
+    return typer.main.get_command(app)
 
 
 def main(argv: list[str] | None = None) -> int:
