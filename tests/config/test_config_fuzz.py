@@ -64,7 +64,16 @@ def random_config(rng: random.Random, paths: list[str]) -> dict[str, Any]:
     return out
 
 
+# whole lines a mutation may insert: merge keys, anchors used inside themselves, aliases of aliases, deep nesting
+SNIPPETS = ["  <<: *a", "b: &a {stage: 2, x: *a}", "zero_optimization: &a {stage: 1, offload_param: *a}",
+            "c: &b [*a, *a, *a]", "fp16: *a", "d: " + "[" * 120 + "]" * 120, "<<: {stage: 3}", "e: &a [1, [2, *a]]"]
+
+
 def mutate(rng: random.Random, text: str) -> str:
+    if rng.random() < 0.3:
+        lines = text.splitlines()
+        lines.insert(rng.randrange(len(lines) + 1), rng.choice(SNIPPETS))
+        text = "\n".join(lines) + "\n"
     chars = list(text)
     for _ in range(rng.randint(1, 6)):
         op = rng.random()
@@ -122,7 +131,7 @@ def test_mutated_config_text_reads_or_fails_clearly() -> None:
 def test_config_command_lines_exit_with_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = random.Random(SEED + 2)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("a: &x [*x]\n")
+    bad.write_text("zero_optimization: &x {stage: 2, offload_param: *x}\n")
     files = [str(t) for t in TEMPLATES[:3]] + [str(bad), str(tmp_path / "missing.json"), str(tmp_path)]
     values = ["8", "0", "-3", "1e3", "14B", "7b", "0.5M", "x", "", "--", "auto", "2**40", "99999999999999999999"]
     commands = {
