@@ -204,9 +204,9 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
 
 
 def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike[str],
-                                         tag: str | None = None) -> torch.nn.Module:
+                                         tag: str | None = None, trust_checkpoint: bool = False) -> torch.nn.Module:
     """Move ``model`` to the CPU and load the checkpoint's fp32 weights into it (``strict=False``, as DeepSpeed)."""
-    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, trust_checkpoint=trust_checkpoint)
     model = model.cpu()
     model.load_state_dict(state, strict=False)
     return model
