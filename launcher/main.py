@@ -29,6 +29,7 @@ from launcher.preflight import preflight
 from launcher.protocol import new_key
 from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
+from launcher.script_path import missing_script
 from launcher.threads import say_threads
 from zerorun.compat import ENV_VAR as COMPAT_ENV
 
@@ -159,8 +160,7 @@ def check_script(ns: argparse.Namespace, local: bool) -> None:
     """A local launch of a script file that does not exist fails here, not on every rank."""
     if ns.module or ns.no_python or not local or Path(ns.script).is_file():
         return
-    raise LaunchError(f"SCRIPT {ns.script!r} is not a file",
-                      "check the path (relative to the working directory); `zerorun --help` lists the commands")
+    raise missing_script(ns.script)
 
 
 def rank_command(ns: argparse.Namespace) -> list[str]:

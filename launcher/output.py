@@ -8,7 +8,8 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-_COLOURS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
+_COLOURS = (36, 32, 34, 35, 96, 92, 94, 95)
+"""Cyan, green, blue, magenta and their bright kin: no red or yellow, which read as errors and warnings."""
 TAIL_LINES = 20
 
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.hints import hint_for
 from launcher.once import OnceFilter, text_of
 
 
@@ -81,6 +82,9 @@ def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10
         lines += [f"    {text}" for text in tail]
     else:
         lines.append("  stderr    : (empty)")
+    hint = hint_for(root.stderr_tail)
+    if hint:
+        lines.append(f"  hint      : {hint}")
     lines += _others(failures, root)
     lines.append("=" * 72)
     return "\n".join(lines)

@@ -11,6 +11,7 @@ unless ``ZERORUN_DEBUG`` is set.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -173,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point; the one place that turns user errors into ``error:``/``hint:``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = False
+    if not argv:  # `zerorun` alone: the help, and the usage error's status, as other CLIs do
+        with contextlib.suppress(typer.Exit, SystemExit):
+            _run("app", ["--help"])
+        return 2
     try:
         kind, args = route(argv)
         as_json = json_requested(kind, args)

@@ -106,8 +106,12 @@ def _config_from_argv(argv: list[str]) -> str | None:
 
 
 def resolve_config_source(config: Source, args: object | None = None) -> str | Path | dict[str, Any]:
-    """The config to load: explicit > ``args`` > ``$ZERORUN_CONFIG`` > ``--config`` in sys.argv."""
+    """The config to load: explicit, else ``args``, else ``$ZERORUN_CONFIG``, else ``--config`` in sys.argv.
+
+    An explicit config and a different one in ``args`` are two configs for one run: an error
+    naming both (DeepSpeed refuses the pair too), never one silently winning."""
     if config is not None:
+        _one_config(config, args)
         return config
     for attr in ("deepspeed_config", "config", "deepscale_config"):
         value = getattr(args, attr, None) if args is not None else None
@@ -121,6 +125,19 @@ def resolve_config_source(config: Source, args: object | None = None) -> str | P
     raise EngineError("no engine config was given",
                       "pass config=PATH_OR_DICT to zerorun.initialize, run with --config FILE, "
                       f"or launch with `zerorun --config FILE` (which sets {CONFIG_ENV})")
+
+
+def _one_config(config: Source, args: object | None) -> None:
+    for attr in ("deepspeed_config", "deepscale_config"):
+        other = getattr(args, attr, None) if args is not None else None
+        if isinstance(other, (str, Path, dict)) and other != config and not _same_file(other, config):
+            given = "a dict" if isinstance(config, dict) else repr(str(config))
+            raise EngineError(f"two configs for one run: initialize(config={given}) and --{attr} {str(other)!r}",
+                              f"keep one: drop config= from zerorun.initialize, or the --{attr} argument")
+
+
+def _same_file(a: object, b: object) -> bool:
+    return isinstance(a, (str, Path)) and isinstance(b, (str, Path)) and Path(a).resolve() == Path(b).resolve()
 
 
 def _hidden_size(model: nn.Module) -> int | None:
