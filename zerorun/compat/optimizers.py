@@ -5,8 +5,10 @@ Both are :class:`torch.optim.Adam` with DeepSpeed's argument names and semantics
 False the L2 form (Adam); ``bias_correction=False`` drops Adam's bias corrections
 (``p -= lr * m / (sqrt(v) + eps)``), which torch does not offer, so that case takes the
 small explicit update below. ``amsgrad`` is refused as DeepSpeed refuses it. The update
-is the same one DeepSpeed's CPU and CUDA kernels compute; only speed differs (torch's
-foreach/fused kernels instead of DeepSpeed's AVX/CUDA ones).
+is the same one DeepSpeed's CPU and CUDA kernels compute. Both build torch's fused kernel
+where this torch fuses Adam (CPU and CUDA, torch >= 2.4), foreach otherwise: on the CPU the
+fused kernel steps as fast as DeepSpeedCPUAdam's AVX one (BENCHMARKS.md, host step), where
+torch's default for CPU tensors is its for-loop, ~8x slower.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from zerorun.engine.training.host_kernel import fuses_on_cpu
 from zerorun.errors import unsupported
 
 
@@ -29,8 +32,16 @@ class _DeepSpeedAdam(torch.optim.Adam):
                         "use torch.optim.Adam(amsgrad=True) as a client optimizer")
         self.bias_correction = bias_correction
         self.adam_w_mode = adamw
-        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                         decoupled_weight_decay=adamw, foreach=None)
+        params = list(params)
+        kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      decoupled_weight_decay=adamw)
+        if fuses_on_cpu(torch.optim.Adam):
+            try:
+                super().__init__(params, **kwargs, fused=True)
+                return
+            except RuntimeError:  # a parameter on a device torch does not fuse for: foreach there
+                pass
+        super().__init__(params, **kwargs, foreach=True)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:

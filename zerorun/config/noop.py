@@ -12,10 +12,9 @@ from zerorun.config.schema import ZerorunConfig
 
 NO_EFFECT: dict[str, str] = {
     "zero_optimization.reduce_scatter": "gradients are always reduce-scattered (stages 2-3) or all-reduced",
-    "zero_optimization.offload_optimizer.ratio": "offload moves the whole optimizer state",
     "zero_optimization.offload_optimizer.fast_init": "the optimizer state is created the one way",
-    "zero_optimization.offload_optimizer.pipeline_read": "NVMe reads are not pipelined with the step",
-    "zero_optimization.offload_optimizer.pipeline_write": "NVMe writes are not pipelined with the step",
+    "zero_optimization.offload_optimizer.pipeline_read": "NVMe reads are always pipelined with the step",
+    "zero_optimization.offload_optimizer.pipeline_write": "NVMe writes are always pipelined with the step",
     "zero_optimization.stage3_model_persistence_threshold": "only stage3_param_persistence_threshold is read",
     "zero_optimization.load_from_fp32_weights": "checkpoints always restore the fp32 masters they hold",
     "zero_optimization.elastic_checkpoint": "checkpoints always load into any world size",

@@ -37,6 +37,7 @@ from zerorun.engine.policy import policy_for_stage
 from zerorun.engine.surface import ds_param_attrs
 from zerorun.engine.surface.parameter_offload import ParameterOffload
 from zerorun.engine.training.dataloader import build_dataloader
+from zerorun.engine.training.host_kernel import warn_client
 from zerorun.engine.training.optim_factory import build_optimizer
 from zerorun.engine.training.schedulers import build_scheduler
 from zerorun.engine.trial import trial_config
@@ -154,14 +155,16 @@ def _make_optimizer(cfg: ZerorunConfig, optimizer: OptimizerArg | None, model: n
         params = model_parameters if model_parameters is not None else model.parameters()
         optimizer = optimizer(params)
     check_client_optimizer(cfg, client, type(optimizer).__name__ if client else None)
+    host_step = offload_from_config(cfg.zero_optimization).enabled  # the masters live (and step) on the host
     if client:
+        warn_client(optimizer, host_step)
         return optimizer
     if cfg.optimizer is None:
         raise EngineError("no optimizer: the config has no `optimizer` block and initialize() got none",
                           'add e.g. optimizer: {type: AdamW, params: {lr: 1e-4}} to the config, '
                           "or pass optimizer= to initialize()")
     params: Iterable[Any] = model_parameters if model_parameters is not None else model.parameters()
-    return build_optimizer(cfg.optimizer.type, dict(cfg.optimizer.params), params)
+    return build_optimizer(cfg.optimizer.type, dict(cfg.optimizer.params), params, host_step)
 
 
 def _make_scheduler(cfg: ZerorunConfig, lr_scheduler: SchedulerArg | None,

@@ -5,7 +5,10 @@ placement whose copies are same-device no-ops: the code path (host masters, grad
 shards copied with ``non_blocking``, publish copying the masters back, the nvme swap
 round trip) runs here, but pinned memory and real host<->GPU copies are exercised only
 on a GPU. Parity is exact (``torch.equal``): offload changes where the step runs, not
-what it computes.
+what it computes. The host step gets torch's fused CPU kernel by default
+(zerorun.engine.training.host_kernel), so the reference without offload is built with
+``fused: true`` too: the same kernel on both sides, and the comparison stays exact
+(tests/engine/offload/test_host_kernel.py bounds fused against foreach).
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ def _engine(case: Case, world: int, kind: str, root: str) -> Any:
     import zerorun
     from tests.engine.test_engine_cases import make_model
 
-    engine, _, _, _ = zerorun.initialize(model=make_model(), config=case.config(world, offload=_offload(kind, root)))
+    cfg = case.config(world, offload=_offload(kind, root))
+    if kind == "none":  # the kernel the host step gets by default (see the module docstring)
+        cfg["optimizer"]["params"]["fused"] = True
+    engine, _, _, _ = zerorun.initialize(model=make_model(), config=cfg)
     return engine
 
 

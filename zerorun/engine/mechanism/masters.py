@@ -14,6 +14,9 @@ over each bucket's resting shard and the step writes the shard; the next forward
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import torch
 from torch import nn
 
@@ -21,7 +24,14 @@ from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.offload.copies import Fence
 from zerorun.engine.offload.params import ParamOffload
+
+Copier = Callable[[torch.Tensor, torch.Tensor], "Fence | None"]  # dst, src -> the copy's fence (None: done)
+
+
+def _plain_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
 
 
 class MasterShards:
@@ -100,36 +110,55 @@ class MasterShards:
         """
         overlap = self.overlap_gather and self.sharded
         pending = []
-        groups = optimizer.param_groups
-        kept = [g["params"] for g in groups]
-        try:
+        with self.stepping(optimizer):
             for chunk in self.step_chunks():
-                for g in groups:
-                    g["params"] = []
-                for i in chunk:
-                    groups[self.group_of_bucket[i]]["params"].append(self.masters[i])
-                self.set_grads_of([self.masters[i] for i in chunk], [owned_grads[i] for i in chunk], multiplier)
-                optimizer.step()
-                for i in chunk:
-                    self.masters[i].grad = None
+                self.step_chunk(optimizer, chunk, [owned_grads[i] for i in chunk], multiplier)
                 if overlap:
                     for i in chunk:
-                        self._write_back(i)
+                        self.write_back(i)
                         pending.append(coll.all_gather(self.buckets[i].data, async_op=True))
-        finally:
-            for g, params in zip(groups, kept, strict=True):
-                g["params"] = params
         if not overlap:
             self.publish(coll)
         for p in pending:
             p.wait()
 
-    def _write_back(self, i: int) -> None:
-        """Bucket ``i``'s stepped master into its compute buffer (nothing to do when the master is the buffer)."""
-        if not self.alias:
-            b = self.buckets[i]
-            with torch.no_grad():
-                self.owned(b, b.data).copy_(self.masters[i])
+    @contextlib.contextmanager
+    def stepping(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """A span of :meth:`step_chunk` calls; the optimizer's groups hold all the masters again after it."""
+        kept = [g["params"] for g in optimizer.param_groups]
+        try:
+            yield
+        finally:
+            for g, params in zip(optimizer.param_groups, kept, strict=True):
+                g["params"] = params
+
+    def step_chunk(self, optimizer: torch.optim.Optimizer, chunk: list[int], grads: list[torch.Tensor],
+                   multiplier: float) -> None:
+        """Step the masters of bucket indices ``chunk`` alone (inside :meth:`stepping`), with ``grads``."""
+        groups = optimizer.param_groups
+        for g in groups:
+            g["params"] = []
+        for i in chunk:
+            groups[self.group_of_bucket[i]]["params"].append(self.masters[i])
+        self.set_grads_of([self.masters[i] for i in chunk], grads, multiplier)
+        optimizer.step()
+        for i in chunk:
+            self.masters[i].grad = None
+
+    def write_back(self, i: int, copy: Copier | None = None) -> Fence | None:
+        """Bucket ``i``'s stepped master into its compute buffer (nothing to do when the master is the buffer);
+        ``copy(dst, src)`` makes the copy (default: ``dst.copy_(src)``) and its fence is returned."""
+        if self.alias:
+            return None
+        b = self.buckets[i]
+        with torch.no_grad():
+            return (copy or _plain_copy)(self.owned(b, b.data), self.masters[i])
+
+    def after_writes(self, coll: Collectives, gathered: bool = False) -> None:
+        """What follows the write-backs: the all-gathers of sharded buckets (unless ``gathered`` already)."""
+        if self.sharded and not gathered:
+            for p in [coll.all_gather(b.data, async_op=True) for b in self.buckets]:
+                p.wait()
 
     # The whole-step sequence: set_grads -> optimizer.step -> clear_grads -> publish.
     def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:
@@ -150,10 +179,8 @@ class MasterShards:
     def publish(self, coll: Collectives) -> None:
         """Copy masters into the compute buffers and, when sharded, all-gather the buckets."""
         for i in range(len(self.buckets)):
-            self._write_back(i)
-        if self.sharded:
-            for p in [coll.all_gather(b.data, async_op=True) for b in self.buckets]:
-                p.wait()
+            self.write_back(i)
+        self.after_writes(coll)
 
     def held_bytes(self) -> int:
         return 0 if self.alias else sum(m.numel() * m.element_size() for m in self.masters)
@@ -182,12 +209,21 @@ class PartitionedMasters(MasterShards):
         return bucket.master if bucket.master is not None else bucket.local
 
     # step() is MasterShards' whole step; no all-gather follows it here (the next forward gathers)
-    def publish(self, coll: Collectives) -> None:
-        """Write the stepped masters into the shards; gathered buckets re-gather or are released."""
-        if not self.alias:
-            with torch.no_grad():
-                for b, m in zip(self.buckets, self.masters, strict=True):
-                    b.set_local(m)
+    def write_back(self, i: int, copy: Copier | None = None) -> Fence | None:
+        """Bucket ``i``'s stepped master into its resting shard: through ``copy`` when the shard is in
+        memory, into the parameter offload's store otherwise (that store's own writes)."""
+        if self.alias:
+            return None
+        b, m = self.buckets[i], self.masters[i]
+        with torch.no_grad():
+            if b.offload is not None or copy is None:
+                b.set_local(m)
+                return None
+            assert b.local is not None
+            return copy(b.local, m)
+
+    def after_writes(self, coll: Collectives, gathered: bool = False) -> None:
+        """The new shards are on disk before anything reads them (nvme); gathered buckets re-gather or are released."""
         if self.param_offload is not None:
-            self.param_offload.flush()  # nvme: the new shards are on disk before anything reads them
+            self.param_offload.flush()
         self.coordinator.after_step()

@@ -140,6 +140,17 @@ class Transfers:
     # ---- the two directions -----------------------------------------------------------------
     def down(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         """Device->host copies of ``tensors`` (host ones pass, cast when needed); readable by the CPU on return."""
+        out, fence = self.queue_down(tensors, dtype)
+        if fence is not None:  # one wait for all of them: the CPU reads these next
+            fence.synchronize()
+            self.syncs += 1
+        return out
+
+    def queue_down(self, tensors: list[torch.Tensor],
+                   dtype: torch.dtype | None = None) -> tuple[list[torch.Tensor], Fence | None]:
+        """:meth:`down` without the wait: the host copies and the fence to wait for before the CPU reads
+        them (``None``: nothing was queued). The offload's step pipeline queues the next chunk's
+        gradients this way while the CPU steps the current one."""
         out, issued = [], False
         for t in tensors:
             if self.on_host(t):
@@ -154,10 +165,7 @@ class Transfers:
                 buf.copy_(t.detach())
             out.append(buf)
             issued = True
-        if issued:  # one wait for all of them: the CPU reads these next
-            self._fence().synchronize()
-            self.syncs += 1
-        return out
+        return out, (self._fence() if issued else None)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Fence | None:
         """``dst.copy_(src)``; between host and device through pinned memory it is queued on the

@@ -5,8 +5,10 @@ shard and each state tensor of its size (Adam's ``exp_avg``/``exp_avg_sq``, SGD'
 momentum) lives in a swap file; the scalars (Adam's ``step``) stay. For the step (and
 for checkpoint save/load) everything is read back by the swapper's ``buffer_count``
 threads in parallel, the host step runs (see :mod:`host`), and everything is written
-out again in parallel and released. The working set during the step is therefore the
-whole shard (DeepSpeed bounds it with ``sub_group_size``; not done here).
+out again in parallel and released. In the step itself the reads and writes join the
+host step's pipeline over chunks: chunk k+1 is read while chunk k steps, and chunk k is
+written out (and released) while chunk k+1 steps, so the working set is about three
+chunks, not the whole shard (DeepSpeed's ``pipeline_read``/``pipeline_write``, always on).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class NvmeMasters(HostMasters):
         self.numels = [m.numel() for m in inner.masters]
         self.keys: list[list[str]] = [[] for _ in inner.masters]  # swapped optimizer-state keys per bucket
         self.is_resident = True
+        self._reading: set[int] = set()
         self.swap_out()
 
     def _wait(self, futures: list[Future[Any]]) -> list[Any]:
@@ -69,34 +72,46 @@ class NvmeMasters(HostMasters):
             self.swapper.close()  # a failed swap leaves no files behind
             raise
 
-    def swap_out(self) -> None:
-        """Write every master and state shard to its file, then release the memory."""
-        if not self.is_resident:
-            return
-        futures = []
-        for i, m in enumerate(self.inner.masters):
+    def _swapped(self) -> list[int]:
+        return [i for i in range(len(self.numels)) if i not in self.on_device]  # Twin-Flow's stay on the device
+
+    def swap_out(self, buckets: list[int] | None = None, wait: bool = True) -> list[Future[None]]:
+        """Write the masters and state shards of ``buckets`` (default: all) to their files and drop them
+        (a write holds its tensor until it is written); ``wait``: until the files are complete."""
+        futures: list[Future[None]] = []
+        for i in self._swapped() if buckets is None else [i for i in buckets if i not in self.on_device]:
+            m = self.inner.masters[i]
+            if m.data.numel() != self.numels[i]:
+                continue  # not in memory
             state = self.optimizer.state.get(m, {})
             self.keys[i] = [k for k, v in state.items() if _is_shard(v, self.numels[i])]
             futures.append(self.swapper.write(f"b{i}.master", m.data))
             futures.extend(self.swapper.write(f"b{i}.{k}", state[k]) for k in self.keys[i])
-        self._wait(futures)
-        for i, m in enumerate(self.inner.masters):
             m.data = torch.empty(0, device="cpu")
-            state = self.optimizer.state.get(m, {})
             for k in self.keys[i]:
                 state[k] = torch.empty(0, dtype=state[k].dtype, device="cpu")
-        self.is_resident = False
-        release_freed_memory()
+        if wait:
+            self._wait(futures)
+            if buckets is None:
+                self.is_resident = False
+                release_freed_memory()
+        return futures
 
-    def swap_in(self) -> None:
-        """Read every master and state shard back (``buffer_count`` reads in flight)."""
-        if self.is_resident:
-            return
+    def read_in(self, buckets: list[int]) -> list[tuple[int, str | None, Future[torch.Tensor]]]:
+        """Queue the reads of ``buckets``' masters and state shards (``buffer_count`` in flight)."""
         jobs: list[tuple[int, str | None, Future[torch.Tensor]]] = []
-        for i, m in enumerate(self.inner.masters):
+        for i in [i for i in buckets if i not in self.on_device]:
+            m = self.inner.masters[i]
+            if m.data.numel() == self.numels[i] or i in self._reading:
+                continue  # in memory, or already on its way
+            self._reading.add(i)
             jobs.append((i, None, self.swapper.read(f"b{i}.master", self.numels[i], torch.float32)))
             state = self.optimizer.state.get(m, {})
             jobs.extend((i, k, self.swapper.read(f"b{i}.{k}", self.numels[i], state[k].dtype)) for k in self.keys[i])
+        return jobs
+
+    def install(self, jobs: list[tuple[int, str | None, Future[torch.Tensor]]]) -> None:
+        """Wait for queued reads and put the tensors in place."""
         tensors = self._wait([f for _, _, f in jobs])
         for (i, key, _), t in zip(jobs, tensors, strict=True):
             m = self.inner.masters[i]
@@ -106,6 +121,13 @@ class NvmeMasters(HostMasters):
                 m.data = t
             else:
                 self.optimizer.state[m][key] = t
+            self._reading.discard(i)
+
+    def swap_in(self) -> None:
+        """Read every master and state shard back (``buffer_count`` reads in flight)."""
+        if self.is_resident:
+            return
+        self.install(self.read_in(self._swapped()))
         self.is_resident = True
 
     @contextlib.contextmanager
@@ -118,8 +140,35 @@ class NvmeMasters(HostMasters):
 
     def step(self, optimizer: torch.optim.Optimizer, owned_grads: list[torch.Tensor], multiplier: float,
              coll: Collectives) -> None:
-        with self.resident():
+        if self.is_resident:  # read in already (a checkpoint's resident()): step, leave it so
             super().step(optimizer, owned_grads, multiplier, coll)
+            return
+        self._jobs: dict[int, list[tuple[int, str | None, Future[torch.Tensor]]]] = {}
+        self._writes: list[Future[None]] = []
+        chunks = self.inner.step_chunks()
+        for i in chunks[0] if chunks else []:
+            self._jobs[i] = self.read_in([i])
+        try:
+            super().step(optimizer, owned_grads, multiplier, coll)
+        finally:
+            self._wait(self._writes)
+            self._writes = []
+        release_freed_memory()
+
+    def before_chunk(self, chunk: list[int], following: list[int] | None) -> None:
+        if self.is_resident:
+            return
+        jobs = [j for i in chunk for j in self._jobs.pop(i, [])]
+        if following is not None:  # chunk k+1 is read while chunk k steps
+            for i in following:
+                self._jobs[i] = self.read_in([i])
+        for i in chunk:
+            jobs.extend(self.read_in([i]))  # not queued before (the first chunk is)
+        self.install(jobs)
+
+    def after_chunk(self, chunk: list[int]) -> None:
+        if not self.is_resident:  # written out while the next chunk steps
+            self._writes.extend(self.swap_out(chunk, wait=False))
 
     # the engine's older step sequence: set_grads -> optimizer.step -> clear_grads -> publish
     def set_grads(self, owned_grads: list[torch.Tensor], multiplier: float) -> None:

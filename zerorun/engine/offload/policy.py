@@ -35,6 +35,7 @@ class OffloadPolicy:
     pin_memory: bool = False
     nvme_path: Path | None = None
     buffer_count: int = 4
+    ratio: float = 1.0  # the fraction of the buckets' optimizer state offloaded (Twin-Flow, stage 3: host.py)
 
     @property
     def enabled(self) -> bool:
@@ -79,7 +80,8 @@ def policy_for(zero: ZeroConfig, name: str, stages: tuple[int, ...]) -> OffloadP
         raise OffloadError(f"{key}.device is nvme but nvme_path is not set",
                            f"set {name}.nvme_path to a directory on a fast local disk")
     return OffloadPolicy(device, bool(getattr(block, "pin_memory", False)),
-                         Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 4))))
+                         Path(nvme_path) if nvme_path else None, max(1, int(getattr(block, "buffer_count", 4))),
+                         float(getattr(block, "ratio", 1.0)))
 
 
 def from_config(zero: ZeroConfig) -> OffloadPolicy:

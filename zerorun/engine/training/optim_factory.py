@@ -2,7 +2,10 @@
 
 DeepSpeed's parameter names are accepted (``lr``, ``betas``, ``eps``, ``weight_decay``,
 ``momentum``...). As in DeepSpeed, ``Adam`` means decoupled weight decay (AdamW)
-unless ``adam_w_mode: false``; ``fused: true`` selects torch's fused kernel. The optimizer is first built over the module's parameters; the engine
+unless ``adam_w_mode: false``; ``fused: true`` selects torch's fused kernel; without ``fused``/``foreach`` in the config, a host step
+(``host_step``: the masters are offloaded) gets torch's fused CPU kernel where the class has one, and
+every other step foreach (:mod:`zerorun.engine.training.host_kernel`). The optimizer is first built over
+the module's parameters; the engine
 then re-points its parameter groups at the flat fp32 master tensors
 (:meth:`MasterShards.bind_optimizer`), so foreach kernels step a few large tensors.
 """
@@ -15,6 +18,7 @@ from typing import Any
 import torch
 
 from zerorun.engine.errors import EngineError
+from zerorun.engine.training.host_kernel import kernel_kwargs
 
 _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     name.lower(): cls for name, cls in vars(torch.optim).items()
@@ -24,7 +28,8 @@ _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
 _DROPPED = {"torch_adam", "adam_w_mode", "bias_correction"}
 
 
-def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: Iterable[Any]) -> torch.optim.Optimizer:
+def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: Iterable[Any],
+                    host_step: bool = False) -> torch.optim.Optimizer:
     cls = _CLASSES.get(type_name.lower())
     if cls is None:
         raise EngineError(f"optimizer.type {type_name!r} is not supported by the engine",
@@ -40,11 +45,12 @@ def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: It
         # DeepSpeed's "Adam" applies decoupled weight decay (AdamW) unless adam_w_mode is false.
         cls = torch.optim.AdamW
     params_list = list(model_parameters)
-    if "fused" not in kwargs:  # torch refuses fused and foreach together
+    kernel = kernel_kwargs(cls, kwargs, host_step)
+    if kernel:
         try:
-            return cls(params_list, **{"foreach": True, **kwargs})
-        except TypeError:
-            pass  # this optimizer class has no foreach option
+            return cls(params_list, **{**kernel, **kwargs})
+        except (TypeError, RuntimeError):
+            pass  # the kernel does not take these parameters (e.g. fused with differentiable): torch's default
     try:
         return cls(params_list, **kwargs)
     except TypeError as e:
