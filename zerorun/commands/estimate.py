@@ -85,6 +85,9 @@ def command(
     optimizer: OptimizerOpt = None,
     offload_optimizer: OffloadOpt = None,
     offload_param: OffloadOpt = None,
+    offload_ratio: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Twin-Flow: the fraction of the optimizer state offloaded at stage 3, the rest "
+        "stays on the GPU \\[default: the config's offload_optimizer.ratio, else 1].")] = None,
     config: ConfigOpt = None,
     model: ModelOpt = None,
     hidden: Int = None,
@@ -150,7 +153,8 @@ def command(
         overhead=parse_bytes(overhead),
         gpu_memory=memory,
     )
-    est = estimate(request, offload_optimizer, offload_param)
+    ratio = offload_ratio if offload_ratio is not None else facts.offload_ratio
+    est = estimate(request, offload_optimizer, offload_param, ratio)
     if plot is not None:
         from zerorun.estimate.plot import write_plot
 

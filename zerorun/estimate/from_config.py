@@ -18,6 +18,7 @@ class ConfigFacts:
     buckets: Buckets
     dtype: Dtype | None = None
     optimizer: Optimizer | None = None
+    offload_ratio: float = 1.0  # offload_optimizer.ratio (Twin-Flow, stage 3)
 
 
 def optimizer_of(cfg: Any) -> Optimizer | None:
@@ -60,4 +61,5 @@ def config_facts(path: str | Path | None, *, world_size: int, hidden_size: int |
         return ConfigFacts(replace(Buckets.from_zero_config(cfg.zero_optimization), overlap_comm=None))
     cfg = load_config(str(path), world_size=world_size, hidden_size=hidden_size)
     buckets = Buckets.from_zero_config(cfg.zero_optimization)
-    return ConfigFacts(buckets, _dtype_of(cfg), optimizer_of(cfg))
+    ratio = float(getattr(getattr(cfg.zero_optimization, "offload_optimizer", None), "ratio", 1.0))
+    return ConfigFacts(buckets, _dtype_of(cfg), optimizer_of(cfg), ratio)

@@ -79,6 +79,7 @@ class Row:
             "stage": self.placement.stage,
             "offload_optimizer": self.placement.offload_optimizer.value,
             "offload_param": self.placement.offload_param.value,
+            "offload_ratio": self.placement.offload_ratio,
             "per_gpu_bytes": {**self.gpu, "total": self.total},
             "per_node_cpu_bytes": self.cpu_per_node,
             "per_node_nvme_bytes": self.nvme_per_node,
@@ -144,19 +145,25 @@ class Estimate:
         }
 
 
-def placements(offload_optimizer: Offload | None = None, offload_param: Offload | None = None) -> list[Placement]:
+def placements(offload_optimizer: Offload | None = None, offload_param: Offload | None = None,
+               offload_ratio: float = 1.0) -> list[Placement]:
     """The rows to show. No offload flag: every stage plus the usual CPU-offload variants;
-    a flag pins that choice and keeps the stages where it is valid."""
+    a flag pins that choice and keeps the stages where it is valid. ``offload_ratio`` < 1
+    (Twin-Flow) adds its stage-3 row beside the whole offload."""
     if offload_optimizer is None and offload_param is None:
         cpu = Offload.CPU
-        return [
+        rows = [
             Placement(0), Placement(1), Placement(1, cpu), Placement(2), Placement(2, cpu),
             Placement(3), Placement(3, cpu), Placement(3, cpu, cpu),
         ]
+        return rows + ([Placement(3, cpu, offload_ratio=offload_ratio)] if offload_ratio < 1.0 else [])
     opt = offload_optimizer or Offload.NONE
     par = offload_param or Offload.NONE
     stages = [s for s in range(4) if (s >= 1 or opt is Offload.NONE) and (s == 3 or par is Offload.NONE)]
-    return [Placement(s, opt, par) for s in stages]
+    rows = [Placement(s, opt, par) for s in stages]
+    if offload_ratio < 1.0 and opt is not Offload.NONE:
+        rows.append(Placement(3, opt, par, offload_ratio))
+    return rows
 
 
 def estimate_row(request: EstimateRequest, placement: Placement) -> Row:
@@ -229,8 +236,9 @@ def recommend(rows: list[Row], gpu_memory: int | None, headroom: float = FIT_HEA
 
 
 def estimate(
-    request: EstimateRequest, offload_optimizer: Offload | None = None, offload_param: Offload | None = None
+    request: EstimateRequest, offload_optimizer: Offload | None = None, offload_param: Offload | None = None,
+    offload_ratio: float = 1.0,
 ) -> Estimate:
     """Every variant's row and the recommendation."""
-    rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param)]
+    rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param, offload_ratio)]
     return Estimate(request, rows, recommend(rows, request.gpu_memory))

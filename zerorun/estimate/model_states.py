@@ -101,8 +101,17 @@ class Placement:
     stage: int
     offload_optimizer: Offload = Offload.NONE
     offload_param: Offload = Offload.NONE
+    # Twin-Flow (``offload_optimizer.ratio``, stage 3): the fraction of the optimizer's terms offloaded; the
+    # rest stays on the GPU and steps there
+    offload_ratio: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.offload_ratio <= 1.0:
+            raise PlacementError(f"offload ratio {self.offload_ratio:g} is not between 0 and 1",
+                                 hint="give --offload-ratio as a fraction, e.g. 0.5")
+        if self.offload_ratio < 1.0 and (self.stage != 3 or self.offload_optimizer is Offload.NONE):
+            raise PlacementError(f"partial offload (ratio {self.offload_ratio:g}) needs stage 3 with "
+                                 "optimizer offload", hint="use stage 3 with --offload-optimizer cpu or nvme")
         if self.stage not in (0, 1, 2, 3):
             raise PlacementError(f"ZeRO stage {self.stage} does not exist", hint="use a stage from 0 to 3")
         if self.stage == 0 and self.offload_optimizer is not Offload.NONE:
@@ -121,7 +130,8 @@ class Placement:
         """``-``, ``opt:cpu`` or ``opt:cpu par:nvme``: the compact form the tables print."""
         parts = []
         if self.offload_optimizer is not Offload.NONE:
-            parts.append(f"opt:{self.offload_optimizer.value}")
+            ratio = f"@{self.offload_ratio:g}" if self.offload_ratio < 1.0 else ""
+            parts.append(f"opt:{self.offload_optimizer.value}{ratio}")
         if self.offload_param is not Offload.NONE:
             parts.append(f"par:{self.offload_param.value}")
         return " ".join(parts) or "-"
@@ -169,9 +179,12 @@ def model_states(training: Training, placement: Placement) -> ModelStates:
     moved = {Offload.CPU: 0, Offload.NVME: 0}
     if placement.offload_optimizer is not Offload.NONE:
         # The fp32 master, the optimizer state and the fp32 gradient shard move; the step runs there.
-        moved[placement.offload_optimizer] += master + states + grad_accum
-        gpu["optimizer_states"] = 0
-        gpu["grad_accum"] = 0
+        # Twin-Flow moves the ratio's share of them and keeps (and steps) the rest on the GPU.
+        r = placement.offload_ratio
+        kept_states, kept_accum = round((master + states) * (1 - r)), round(grad_accum * (1 - r))
+        moved[placement.offload_optimizer] += master + states + grad_accum - kept_states - kept_accum
+        gpu["optimizer_states"] = kept_states
+        gpu["grad_accum"] = kept_accum
     if placement.offload_param is not Offload.NONE:
         moved[placement.offload_param] += params
         gpu["params"] = 0
