@@ -1,7 +1,8 @@
 """Measure optimizer offload on the toy MLP: step time and peak process memory per placement.
 
     python bench/offload.py                 # none / cpu / nvme, one fresh process each
-    python bench/offload.py --kernels       # CPU AdamW: for-loop vs foreach vs fused
+    python bench/offload.py --kernels       # one host AdamW step: for-loop, foreach, fused, DeepSpeedCPUAdam
+    python bench/offload.py --kernels --ds-python /path/to/deepspeed-venv/bin/python   # + DeepSpeed's own
 
 Each placement runs in its own process (world size 1, fp32, ZeRO stage 2) so that the
 peak resident set size (``ru_maxrss``) is that placement's alone.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -61,18 +63,54 @@ def one(placement: str, hidden: int, layers: int, steps: int) -> dict:
             "rss_between_steps_mib": rss_between_steps}
 
 
-def kernels(numel: int, steps: int) -> list[dict]:
+KERNELS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+
+
+def _adamw(name: str, p: nn.Parameter) -> torch.optim.Optimizer:
+    if name == "zerorun DeepSpeedCPUAdam":  # deepspeed.ops.adam's class as zerorun provides it
+        from zerorun.compat.optimizers import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam([p], lr=1e-4, weight_decay=0.01)
+    if name == "DeepSpeedCPUAdam":  # DeepSpeed's own (SIMD C++, JIT-built on first use)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam([p], lr=1e-4, weight_decay=0.01, adamw_mode=True)
+    return torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, **KERNELS[name])
+
+
+def kernels(numel: int, steps: int, names: list[str]) -> list[dict]:
+    """ms per AdamW step of ``numel`` fp32 elements on one thread, each kernel on the same tensors."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    start, grad = torch.randn(numel), torch.randn(numel)
     out = []
-    for name, kwargs in (("for-loop", {"foreach": False}), ("foreach", {"foreach": True}), ("fused", {"fused": True})):
-        p = nn.Parameter(torch.randn(numel, device="cpu"))
-        p.grad = torch.randn(numel, device="cpu")
-        opt = torch.optim.AdamW([p], lr=1e-4, **kwargs)
+    for name in names:
+        p = nn.Parameter(start.clone())
+        p.grad = grad.clone()
+        opt = _adamw(name, p)
         opt.step()
-        t0 = time.perf_counter()
+        times = []
         for _ in range(steps):
+            t0 = time.perf_counter()
             opt.step()
-        out.append({"kernel": name, "numel": numel, "step_ms": 1000 * (time.perf_counter() - t0) / steps})
+            times.append(time.perf_counter() - t0)
+        out.append({"kernel": name, "numel": numel, "step_ms": 1000 * statistics.median(times),
+                    "ns_per_param": 1e9 * statistics.median(times) / numel})
     return out
+
+
+def print_kernels(numel: int, steps: int, ds_python: str | None) -> None:
+    rows = kernels(numel, steps, [*KERNELS, "zerorun DeepSpeedCPUAdam"])
+    if ds_python:  # its own environment (DeepSpeed is no dependency); its bin first on PATH: the cached op
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore",
+               "PATH": os.pathsep.join([os.path.dirname(ds_python), os.environ.get("PATH", "")])}
+        done = subprocess.run([ds_python, __file__, "--kernel-one", "DeepSpeedCPUAdam", "--numel", str(numel),
+                               "--steps", str(steps)], capture_output=True, text=True, env=env, check=True)
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"one AdamW step, {numel:,} fp32 elements, 1 thread, median of {steps}:")
+    print("| kernel | ms / step | ns / parameter |\n|---|---:|---:|")
+    for row in rows:
+        print(f"| {row['kernel']} | {row['step_ms']:.1f} | {row['ns_per_param']:.2f} |")
 
 
 def main() -> None:
@@ -82,13 +120,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--one", choices=["none", "cpu", "nvme"], help=argparse.SUPPRESS)
     parser.add_argument("--kernels", action="store_true")
+    parser.add_argument("--numel", type=int, default=25_459_200, help="--kernels: elements (the peers' 25M model)")
+    parser.add_argument("--ds-python", help="--kernels: a Python with deepspeed, for DeepSpeedCPUAdam itself")
+    parser.add_argument("--kernel-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.hidden, args.layers, args.steps)))
         return
+    if args.kernel_one:
+        sys.path.pop(0)  # bench/ itself: nothing there may shadow the other environment's packages
+        print(json.dumps(kernels(args.numel, args.steps, [args.kernel_one])))
+        return
     if args.kernels:
-        for row in kernels(16 * 2**20, args.steps):
-            print(f"AdamW {row['kernel']:8s} {row['numel']:,} fp32 elements: {row['step_ms']:.1f} ms/step")
+        print_kernels(args.numel, args.steps, args.ds_python)
         return
     for placement in ("none", "cpu", "nvme"):
         done = subprocess.run([sys.executable, __file__, "--one", placement,

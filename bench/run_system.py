@@ -2,11 +2,14 @@
 
     torchrun --standalone --nproc_per_node 2 bench/run_system.py --system zerorun-z2
 
-Systems: zerorun-z0/z1/z2/z3 (every knob but the stage at its default), zerorun-z3-reshard
+Systems: zerorun-z0/z1/z2/z3 (every knob but the stage at its default), zerorun-z2/z3-offload
+(``offload_optimizer: cpu``, the config's AdamW: torch's fused CPU kernel), zerorun-z3-reshard
 (stage 3 freeing each unit after its forward and re-gathering it for backward, as FSDP2's
 default ``reshard_after_forward=True`` does), torch-ddp, torch-zero-optim (DDP + ZeroRedundancyOptimizer),
 torch-fsdp2 (fully_shard per block, the head, then the root), ds-z0/z1/z2/z3 (DeepSpeed with
-the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERATOR=cpu on CPU).
+the same torch AdamW as a client optimizer; needs ``deepspeed`` and DS_ACCELERATOR=cpu on CPU),
+ds-z1/z2/z3-offload (``offload_optimizer: cpu`` with the config's AdamW: DeepSpeedCPUAdam, its JIT-built
+AVX kernel, as shared/peers' ``--offload`` runs it).
 """
 
 from __future__ import annotations
@@ -41,9 +44,19 @@ def _engine_step(engine: Any, batches: Batch) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
+# the peers' AdamW as a config block (a config optimizer, not a client one: the engine picks its kernel)
+ADAMW_BLOCK = {"type": "AdamW", "params": {"lr": C.LR, "betas": list(C.BETAS), "eps": C.EPS,
+                                           "weight_decay": C.WEIGHT_DECAY}}
+
+
+def stage_of(system: str) -> int:
+    """``zerorun-z2-offload`` -> 2, ``ds-z3`` -> 3."""
+    return int(system.split("-z", 1)[1][0])
+
+
 def zerorun_config(args, world: int) -> dict[str, Any]:
     """The zerorun config of ``args.system`` (``zerorun-z<stage>[-variant]``): every knob but the stage at its default."""
-    zero: dict[str, Any] = {"stage": int(args.system[len("zerorun-z")])}  # every other knob at its default ...
+    zero: dict[str, Any] = {"stage": stage_of(args.system)}  # every other knob at its default ...
     if args.bucket is not None:  # ... unless the command line sets it
         zero["reduce_bucket_size"] = args.bucket
     if args.overlap is not None:
@@ -51,6 +64,9 @@ def zerorun_config(args, world: int) -> dict[str, Any]:
     cfg = {"train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": args.gas,
            "gradient_clipping": 0.0,  # the peers do not clip: keep parity whatever the default is
            "steps_per_print": 10**9, "zero_optimization": zero}
+    if args.system.endswith("-offload"):  # the config's AdamW: the engine builds the host step's kernel
+        zero["offload_optimizer"] = {"device": "cpu"}
+        cfg["optimizer"] = ADAMW_BLOCK
     if args.system == "zerorun-z3-reshard":  # FSDP2-like: free after forward (reuse 0), ~2 units prefetched
         cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=args.prefetch,
                                         stage3_max_live_parameters=4 * args.prefetch)
@@ -64,7 +80,8 @@ def setup_zerorun(args, model, world: int, cfg: dict[str, Any] | None = None
 
     cfg = cfg or zerorun_config(args, world)
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen bases are not stepped
-    engine, _, _, _ = zerorun.initialize(model=model, optimizer=C.make_adamw(trainable), config=cfg)
+    client = None if "optimizer" in cfg else C.make_adamw(trainable)
+    engine, _, _, _ = zerorun.initialize(model=model, optimizer=client, config=cfg)
 
     def step(batches: Batch) -> torch.Tensor:
         return _engine_step(engine, batches)
@@ -157,8 +174,12 @@ def setup_deepspeed(args, model, world: int):
            "train_micro_batch_size_per_gpu": args.global_batch // world, "gradient_accumulation_steps": args.gas,
            "gradient_clipping": 0.0, "steps_per_print": 10**9,
            "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True,
-           "zero_optimization": {"stage": int(args.system[-1])}}
-    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=C.make_adamw(model.parameters()),
+           "zero_optimization": {"stage": stage_of(args.system)}}
+    client = C.make_adamw(model.parameters())
+    if args.system.endswith("-offload"):  # DeepSpeedCPUAdam, built by DeepSpeed from the config's AdamW
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        cfg["optimizer"], client = ADAMW_BLOCK, None
+    engine, opt, _, _ = deepspeed.initialize(model=model, optimizer=client, model_parameters=model.parameters(),
                                              config=cfg, dist_init_required=False)
 
     counted = {"bytes": 0}
@@ -182,7 +203,7 @@ def setup_deepspeed(args, model, world: int):
 
     def full_params() -> list[torch.Tensor]:  # ZeRO-3 keeps partitions: gather to read them
         params = list(model.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=int(args.system[-1]) == 3):
+        with deepspeed.zero.GatheredParameters(params, enabled=stage_of(args.system) == 3):
             return [p.detach().clone() for p in params]
 
     return step, state, full_params, lambda: counted["bytes"]
