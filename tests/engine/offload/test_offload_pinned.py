@@ -58,5 +58,6 @@ def test_nvme_keeps_the_ring_and_the_gradients_pinned_no_more(tmp_path: Path, mo
     cpu = _pinned_peak("cpu", tmp_path / "unused")
     assert nvme["stand_in"] and nvme["peak"] > 0
     assert nvme["peak"] <= nvme["ring"] + nvme["grads"], nvme
-    # cpu offload pins the masters (fp32) and the resting shards besides: NVMe must stay well below it
-    assert cpu["peak"] >= nvme["grads"] + cpu["shards"] and nvme["peak"] < cpu["peak"], (nvme, cpu)
+    # cpu offload pins the resting shards besides; the host step's pipeline (offload/host.py) copies the
+    # gradients down a chunk at a time, so fewer than all of them are pinned at once
+    assert cpu["shards"] <= cpu["peak"] < cpu["shards"] + cpu["grads"], (nvme, cpu)
