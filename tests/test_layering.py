@@ -48,7 +48,7 @@ def test_the_engine_imports_nothing_built_on_it(path: Path) -> None:
     assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports {wrong}"
 
 
-@pytest.mark.parametrize("sub", ["trial", "config", "estimate", "simulate.py", "errors.py"])
+@pytest.mark.parametrize("sub", ["trial", "config", "estimate", "simulate.py", "errors.py", "heartbeat"])
 def test_the_lower_layers_import_no_engine(sub: str) -> None:
     for path in _sources(sub):
         wrong = sorted(n for n in imports_of(path) if _under(n, "zerorun.engine") or _under(n, "zerorun.autotune"))

@@ -26,14 +26,16 @@ _LAZY = {
     "add_config_arguments": ("zerorun.engine.api", "add_config_arguments"),
     "zero": ("zerorun.zero", None),
     "simulate": ("zerorun.simulate", None),
+    "progress": ("zerorun.heartbeat", "progress"),
 }
+_LIGHT = ("zerorun.simulate", "zerorun.heartbeat")  # no torch, no optimizer runtime to count
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'zerorun' has no attribute {name!r}")
     module_name, attr = _LAZY[name]
-    if module_name != "zerorun.simulate":  # the engine's modules import torch._dynamo: count it in the baseline
+    if module_name not in _LIGHT:  # the engine's modules import torch._dynamo: count it in the baseline
         from zerorun.engine.physical_memory import load_optimizer_runtime
 
         load_optimizer_runtime()

@@ -37,6 +37,7 @@ from zerorun.engine.surface import fragments
 from zerorun.engine.surface.ds_surface import DeepSpeedSurface
 from zerorun.engine.surface.hf_surface import HfSurface
 from zerorun.engine.trial import recorder_for
+from zerorun.heartbeat.state import PROGRESS, Phase
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -86,6 +87,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         self._grad_norm: float | None = None
         self._last_loss: torch.Tensor | None = None
         self.throughput = metrics.Throughput(samples_per_step=config.train_batch_size)
+        PROGRESS.samples_per_step = int(config.train_batch_size)  # the live view's samples/s
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
@@ -97,6 +99,7 @@ class Engine(DeepSpeedSurface, HfSurface):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module; floating-point inputs are cast to the compute dtype (fp16/bf16)."""
+        PROGRESS.enter(Phase.FORWARD)
         dtype = self.precision.compute_dtype
         if dtype != torch.float32:
             args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
@@ -105,6 +108,7 @@ class Engine(DeepSpeedSurface, HfSurface):
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""
+        PROGRESS.enter(Phase.BACKWARD)
         self._last_loss = loss.detach()
         factor = self.scaler.scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
         sync = self.parts.grad_sync
@@ -117,8 +121,11 @@ class Engine(DeepSpeedSurface, HfSurface):
         """Count a micro-step; on the accumulation boundary, take the optimizer step."""
         self._check_step_allowed()
         if self.is_gradient_accumulation_boundary():
+            PROGRESS.enter(Phase.STEP)
             self._optimizer_step()
+            PROGRESS.step_done(self.global_steps)
         self.micro_steps += 1
+        PROGRESS.micro_step = self.micro_steps
 
     def _optimizer_step(self) -> None:
         parts, scale = self.parts, self.scaler.scale
@@ -226,6 +233,7 @@ class Engine(DeepSpeedSurface, HfSurface):
     def set_sequence_length(self, tokens_per_sample: int) -> None:
         """Report tokens/s too (tokens per sample = the sequence length)."""
         self.throughput.tokens_per_sample = tokens_per_sample
+        PROGRESS.tokens_per_sample = tokens_per_sample
 
     # ---- figures ------------------------------------------------------------------------------
     def memory_breakdown(self) -> dict[str, int]:
@@ -259,7 +267,8 @@ class Engine(DeepSpeedSurface, HfSurface):
         """Save ``save_dir/tag`` (never torn; loadable at any world size); every rank calls it."""
         from zerorun.engine.checkpoint import save_checkpoint
 
-        return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest))
+        with PROGRESS.during(Phase.SAVE):  # its file I/O counts as progress (a long write is no stall)
+            return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest))
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -277,6 +286,7 @@ class Engine(DeepSpeedSurface, HfSurface):
             from zerorun.errors import unsupported
 
             unsupported("load_checkpoint(custom_load_fn=...)")
-        return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
-                               load_module_only, strict=load_module_strict, load_rng_state=load_rng_state,
-                               trust_checkpoint=trust_checkpoint)
+        with PROGRESS.during(Phase.LOAD):
+            return load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states,
+                                   load_module_only, strict=load_module_strict, load_rng_state=load_rng_state,
+                                   trust_checkpoint=trust_checkpoint)

@@ -19,7 +19,7 @@ from tests.dist_harness import run_distributed
 from zerorun.engine.comm.collectives import Collectives
 
 ROOT = Path(__file__).resolve().parents[3]
-ALLOWED = {ROOT / "zerorun" / "engine" / "comm" / name for name in ("collectives.py", "script.py")}
+ALLOWED = {ROOT / "zerorun" / "engine" / "comm" / name for name in ("collectives.py", "script.py", "order_check.py")}
 COLLECTIVES = {
     "all_reduce", "all_reduce_coalesced", "broadcast", "broadcast_object_list", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced", "reduce_scatter",

@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zerorun import simulate
+from zerorun import heartbeat, simulate
 from zerorun.engine.comm.scheduler_env import job_env
 from zerorun.engine.errors import EngineError
 
@@ -140,6 +140,7 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     ``init_method`` with ``rank``/``world_size`` (DeepSpeed's ``init_distributed`` arguments,
     e.g. a ``file://`` rendezvous) is passed to torch as given.
     """
+    heartbeat.start()  # the launcher's agent hears from this rank from here on (zerorun.heartbeat)
     if dist.is_initialized():
         return _context(int(os.environ.get("LOCAL_RANK", "0")))
     if (simulation := simulate.from_env()) is not None:  # ZERORUN_SIMULATE: this process plays one rank of N

@@ -25,6 +25,9 @@ inherit it) turns on:
     Every collective is issued even at world size 1, where the engine would skip it: on one
     GPU (the GPU check) NCCL's kernels, the asynchronous works, their waits and the buffers
     freed after them then run as they do at world N.
+``order``
+    Every rank issues the same collectives in the same order, compared before each one runs,
+    on every backend (:mod:`zerorun.engine.comm.order_check`); cheap enough for a first run.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from zerorun.engine.comm.work import Work
 
 CHECK_ENV = "ZERORUN_CHECK_COLLECTIVES"
-MODES = frozenset({"deferred", "device", "live", "native"})
+MODES = frozenset({"deferred", "device", "live", "native", "order"})
 _INT_POISON = -0x5A5A5A5A  # what an integer buffer holds while its collective is in flight
 
 

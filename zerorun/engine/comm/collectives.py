@@ -37,6 +37,7 @@ discipline, the NCCL policy on gloo: :mod:`zerorun.engine.comm.checks`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -44,10 +45,11 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from zerorun.engine.comm import shm
+from zerorun.engine.comm import shm, trace
 from zerorun.engine.comm.bootstrap import group_backends, native_scatter, serving
 from zerorun.engine.comm.checks import check_device, check_modes, defer
 from zerorun.engine.comm.counter import CommCounter
+from zerorun.engine.comm.order_check import OrderCheck, order_check_for
 from zerorun.engine.comm.shm import SharedLane
 from zerorun.engine.comm.work import Exchange, LaneWork, Pending
 
@@ -120,12 +122,24 @@ class Collectives:
         # torch's fake group (zerorun.simulate): shapes and bytes are real, reduced values are not
         self.simulated = backend == "fake"
         self.lane: SharedLane | None = None
+        self.order: OrderCheck | None = None  # ZERORUN_CHECK_COLLECTIVES=order (comm.order_check)
+        if "order" in self.checks and group is not None and world_size > 1 and not self.simulated:
+            self.order = order_check_for(group, rank, world_size, "cpu" in group_backends(group))
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "point-to-point chunk exchange (gloo has no native reduce-scatter)"
             self.counter.via["all_gather"] = "point-to-point chunk exchange (faster than gloo's all-gather)"
 
     def _live(self) -> bool:
         return self.group is not None and (self.world_size > 1 or self.live_at_one)
+
+    def _issue(self, kind: str, numel: int, dtype: torch.dtype) -> tuple[trace.Record, float]:
+        """Number a collective for the heartbeat and, in the order check, compare it across ranks
+        first; the time from here to its completion is time blocked (the check's exchange too)."""
+        start = time.perf_counter()
+        record = trace.issue(kind, numel, dtype)
+        if self.order is not None:
+            self.order.issue(*record)
+        return record, start
 
     @_opaque_to_compile
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False,
@@ -134,9 +148,10 @@ class Collectives:
         self.counter.add("all_reduce", tensor)
         if not self._live():
             return Pending(None)
+        record, start = self._issue("all_reduce", tensor.numel(), tensor.dtype)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op)))
-        return self._all_reduce(tensor, async_op, op)
+            return Pending(defer("all_reduce", tensor, lambda t: self._all_reduce(t, True, op))).traced(record, start)
+        return self._all_reduce(tensor, async_op, op).traced(record, start)
 
     def _all_reduce(self, tensor: torch.Tensor, async_op: bool, op: dist.ReduceOp.RedOpType) -> Pending:
         if op == dist.ReduceOp.SUM and (lane := self._lane_for(tensor)) is not None:
@@ -155,7 +170,9 @@ class Collectives:
         assert not self.simulated, "a simulated world (fake group) leaves a reduced flag undefined: decide without it"
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         self._check_device("all_true", flag)
+        record, start = self._issue("all_true", 1, torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        Pending(None).traced(record, start)
         return bool(flag.item())
 
     def _run(self, tensor: torch.Tensor, async_op: bool,
@@ -192,9 +209,10 @@ class Collectives:
         self.counter.add("reduce_scatter", flat)
         if not self._live():
             return Pending(None)
+        record, start = self._issue("reduce_scatter", flat.numel(), flat.dtype)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))
-        return self._reduce_scatter(flat, async_op)
+            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True))).traced(record, start)
+        return self._reduce_scatter(flat, async_op).traced(record, start)
 
     def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
@@ -217,9 +235,10 @@ class Collectives:
         self.counter.add("all_gather", flat)
         if not self._live():
             return Pending(None)
+        record, start = self._issue("all_gather", flat.numel(), flat.dtype)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True)))
-        return self._all_gather(flat, async_op)
+            return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True))).traced(record, start)
+        return self._all_gather(flat, async_op).traced(record, start)
 
     def _all_gather(self, flat: torch.Tensor, async_op: bool) -> Pending:
         if self.native_reduce_scatter:
@@ -239,7 +258,9 @@ class Collectives:
         if not self._live():
             return [obj]
         out: list[Any] = [None] * self.world_size
+        record, start = self._issue("all_gather_object", 0, torch.uint8)
         dist.all_gather_object(out, obj, group=self.group)
+        Pending(None).traced(record, start)
         return out
 
     # ---- the same-host shared-memory lane (gloo only) ---------------------------------------------
@@ -316,7 +337,8 @@ class Collectives:
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.counter.add("broadcast", tensor)
         if self._live():
-            self._run(tensor, False, lambda t: dist.broadcast(t, src=src, group=self.group))
+            record, start = self._issue("broadcast", tensor.numel(), tensor.dtype)
+            self._run(tensor, False, lambda t: dist.broadcast(t, src=src, group=self.group)).traced(record, start)
 
     def shard_of(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous chunk of a flat buffer padded to a multiple of the world size."""

@@ -4,11 +4,13 @@ the handle every collective returns."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import torch.distributed as dist
 
+from zerorun.engine.comm import trace
 from zerorun.engine.comm.shm import SharedLane
 
 
@@ -25,6 +27,18 @@ class Pending:
         self._work = work
         self._then = then
         self.done = False
+        self.record: trace.Record | None = None
+        """The collective, for the heartbeat: marked completed at ``wait()``."""
+
+    def traced(self, record: trace.Record, issued_at: float) -> Pending:
+        """Note ``record`` completed now if nothing is left in flight (a blocking collective, whose
+        whole time since ``issued_at`` was spent blocked), else at ``wait()``."""
+        if self._work is None or self.done:
+            trace.blocked_since(issued_at)
+            trace.complete(record)
+        else:
+            self.record = record
+        return self
 
     def then(self, fn: Callable[[], None]) -> Pending:
         """Run ``fn`` once the collective has completed (at ``wait()``)."""
@@ -43,8 +57,12 @@ class Pending:
         if self.done:
             return
         if self._work is not None:
+            start = time.perf_counter()
             self._work.wait()
+            trace.blocked_since(start)
         self.done = True
+        if self.record is not None:
+            trace.complete(self.record)
         if self._then is not None:
             self._then()
 

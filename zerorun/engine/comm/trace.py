@@ -1,0 +1,46 @@
+"""The engine's collectives, as the heartbeat sees them: the last one issued and the last one
+completed (sequence number, kind, elements, dtype), and the time spent blocked in them.
+
+Both are written into this process's progress record (:mod:`zerorun.heartbeat.state`) with
+plain attribute stores, a few hundred nanoseconds a collective; the heartbeat thread samples
+them. A rank whose last completed collective trails its peers' is the one they wait for; the
+time blocked per step separates a rank that is slow (it computes) from its peers (they wait).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from zerorun.heartbeat.state import PROGRESS
+
+Record = tuple[int, str, int, str]
+"""``(seq, kind, elements, dtype)``."""
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8", torch.int8: "int8",
+                torch.bool: "bool"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def issue(kind: str, numel: int, dtype: torch.dtype) -> Record:
+    """Number the next collective and note it as the last issued."""
+    PROGRESS.seq += 1
+    record = (PROGRESS.seq, kind, numel, dtype_name(dtype))
+    PROGRESS.issued = record
+    return record
+
+
+def complete(record: Record) -> None:
+    done = PROGRESS.completed
+    if done is None or record[0] > done[0]:
+        PROGRESS.completed = record
+
+
+def blocked_since(start: float) -> None:
+    """Count the seconds since ``start`` (``time.perf_counter()``) as time blocked in a collective."""
+    PROGRESS.wait_s += time.perf_counter() - start

@@ -1,0 +1,98 @@
+"""What this process is doing, as the heartbeat reports it: one small record the engine and
+:func:`zerorun.progress` write with plain attribute stores, and the heartbeat thread reads.
+
+The record is process-wide on purpose: a rank is one process, and every engine, every
+``zero.Init`` and the script's own ``zerorun.progress`` calls describe the same process
+(they share the collective sequence too, so the sequence number a verdict prints means
+the same collective on every rank). Writes are single attribute stores, atomic under the
+GIL; the reader takes a consistent-enough copy (a beat is a sample, not a transaction).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+STEP_HISTORY = 256
+"""Step records kept between two beats (a beat drains them): bounded, so a stalled reader costs nothing."""
+
+
+class Phase:
+    """The phases a heartbeat names (a user's own name, via ``zerorun.progress``, is any short string)."""
+
+    SETUP = "set-up"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    STEP = "step"
+    SAVE = "checkpoint-save"
+    LOAD = "checkpoint-load"
+
+
+IO_PHASES = frozenset({Phase.SAVE, Phase.LOAD})
+"""Phases whose file I/O counts as progress (a long checkpoint write is work, not a stall)."""
+
+
+@dataclass
+class Progress:
+    """The live record of one rank's progress."""
+
+    phase: str = Phase.SETUP
+    phase_since: float = field(default_factory=time.time)
+    step: int = 0
+    """Optimizer steps taken (the engine's ``global_steps``)."""
+    micro_step: int = 0
+    seq: int = 0
+    """Collectives issued by the engine in this process (the number a verdict prints: ``#1842``)."""
+    issued: tuple[int, str, int, str] | None = None
+    """``(seq, kind, elements, dtype)`` of the last collective issued."""
+    completed: tuple[int, str, int, str] | None = None
+    """The same of the last one completed (waited for)."""
+    label: str | None = None
+    """What the collective in flight is for (a stage-3 unit's name), when the engine knows."""
+    wait_s: float = 0.0
+    """Seconds spent blocked in collectives since the process started."""
+    samples_per_step: int | None = None
+    tokens_per_sample: int | None = None
+    steps: deque[tuple[int, float, float]] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    """``(step, seconds, seconds waiting in collectives)`` of each optimizer step since the last beat."""
+    user: dict[str, float | int | str] = field(default_factory=dict)
+    """The counters of the last ``zerorun.progress(...)`` call."""
+    beats: int = 0
+    """Progress marks from ``zerorun.progress``: each call is progress, even with nothing else new."""
+    _step_started: float = field(default_factory=time.perf_counter)
+    _wait_at_step: float = 0.0
+
+    def enter(self, phase: str) -> None:
+        if phase != self.phase:
+            self.phase = phase
+            self.phase_since = time.time()
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """``phase`` for the block, then the phase before it again."""
+        before = self.phase
+        self.enter(phase)
+        try:
+            yield
+        finally:
+            self.enter(before)
+
+    def step_done(self, step: int) -> None:
+        """An optimizer step finished: record its wall time and the part of it spent waiting."""
+        now = time.perf_counter()
+        self.steps.append((step, now - self._step_started, self.wait_s - self._wait_at_step))
+        self._step_started, self._wait_at_step = now, self.wait_s
+        self.step = step
+
+    def drain_steps(self) -> list[tuple[int, float, float]]:
+        out = []
+        while self.steps:
+            out.append(self.steps.popleft())
+        return out
+
+
+PROGRESS = Progress()
+"""This process's record (see the module docstring for why it is one per process)."""
