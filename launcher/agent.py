@@ -30,6 +30,7 @@ from typing import IO
 
 from launcher.affinity import available_cores, core_share
 from launcher.devices import gpu_count
+from launcher.heartbeat_relay import HeartbeatRelay
 from launcher.lifecycle import RankState, exit_status, transition
 from launcher.lifeline import die_with_parent
 from launcher.output import OutputSink
@@ -87,6 +88,10 @@ class Agent:
         self.failure: tuple[RankProcess, int] | None = None
         self.stop_reason: str | None = None
         self.kill_deadline: float | None = None
+        self.relay = HeartbeatRelay(self.node.node_rank, self._emit)
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        self.sink.raw(encode_event(self.plan.channel_key, kind, **fields))
 
     def start(self) -> None:
         gpu = self.plan.options.devices is DeviceMode.GPU or (
@@ -105,10 +110,14 @@ class Agent:
                 env[THREADS_VAR] = omp
             if share is not None:
                 pin = functools.partial(os.sched_setaffinity, 0, share)  # in the child, before exec
+            beat_env, beat_fds = self.relay.prepare(rank)  # the heartbeat pipe and stack file (heartbeat_relay)
+            env.update(beat_env)
             proc = subprocess.Popen(
                 rank_argv(self.plan, local_rank), env=env, cwd=self.plan.cwd, preexec_fn=functools.partial(_arm, lifeline, pin),
+                pass_fds=beat_fds,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             )
+            self.relay.spawned(rank, proc.pid)
             rp = RankProcess(rank, local_rank, proc)
             for stream, is_err in ((proc.stdout, False), (proc.stderr, True)):
                 t = threading.Thread(target=self._pump, args=(rp, stream, is_err), daemon=True)
@@ -159,6 +168,8 @@ class Agent:
             self.stop("interrupted (SIGINT)", signal.SIGINT)
         elif cmd == Command.KILL.value:
             self.stop("killed by the launcher", signal.SIGKILL)
+        elif cmd == Command.STACKS.value:
+            self.relay.dump_all()
         elif cmd == GONE:
             self.stop("the launcher is gone (stdin closed)")
 
@@ -168,6 +179,7 @@ class Agent:
             rc = rp.proc.poll()
             if rc is None or rp.state.done:
                 continue
+            self.relay.exited(rp.rank, exit_status(rc))
             if rp.state is RankState.STOPPING:
                 rp.state = transition(rp.state, RankState.STOPPED)
             elif rc == 0:
@@ -246,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     agent.start()
     status = agent.loop()
     sink.raw(encode_event(plan.channel_key, "exited", node_rank=node.node_rank, host=node.host, exit_code=status, reason=agent.stop_reason))
+    agent.relay.close()
     sink.close()
     return status
 

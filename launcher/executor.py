@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, TYPE_CHECKING, TextIO
 
 from launcher.lifecycle import exit_status
 from launcher.lifeline import die_with_parent
@@ -41,6 +41,9 @@ from launcher.procs import ProcInfo, child_groups, kill_group
 from launcher.protocol import BadEvent, Command, Event, decode_event
 from launcher.report import Failure
 from launcher.runners import NodeCommand, PayloadMode
+
+if TYPE_CHECKING:
+    from launcher.watch import RunWatch
 
 GRACE_S = 5.0
 """Extra seconds, past the agents' kill timeout, before the launcher kills its own children."""
@@ -103,9 +106,11 @@ Handler = Callable[[NodeRun, Event], None]
 class Executor:
     """Runs the commands of one launch to completion."""
 
-    def __init__(self, plan: LaunchPlan, commands: list[NodeCommand], out: TextIO | None = None, err: TextIO | None = None) -> None:
+    def __init__(self, plan: LaunchPlan, commands: list[NodeCommand], out: TextIO | None = None, err: TextIO | None = None,
+                 watch: RunWatch | None = None) -> None:
         self.plan = plan
         self.commands = commands
+        self.watch = watch  # heartbeats, live view, stall verdict (launcher.watch)
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.runs: list[NodeRun] = []
@@ -123,6 +128,8 @@ class Executor:
         """What of the ranks' stderr reached the console (the failure report repeats none of it)."""
         self.handlers: dict[str, list[Handler]] = {
             "started": [self._on_started], "failed": [self._on_failed], "exited": []}
+        if watch is not None:
+            watch.attach(self)
 
     def on(self, kind: str, handler: Handler) -> None:
         """Call ``handler(run, event)`` for every checked event of ``kind`` (a key of protocol.EVENTS)."""
@@ -317,10 +324,14 @@ class Executor:
             if self.kill_at is not None and time.monotonic() > self.kill_at:
                 for run in pending:
                     run.kill()
+            if self.watch is not None:
+                self.watch.tick(self)
         self._handle_signals()
         self._drain_events()
 
     def _exit_code(self) -> int:
+        if self.watch is not None and self.watch.exit_code is not None:
+            return self.watch.exit_code  # the run stalled and was stopped
         if self.failures:
             return self.failures[0].exit_code
         if self.interrupts:

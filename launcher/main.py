@@ -31,6 +31,7 @@ from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 from launcher.script_path import missing_script
 from launcher.threads import say_threads
+from launcher.watch_args import watch_factory
 from zerorun.compat import ENV_VAR as COMPAT_ENV
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}
@@ -244,4 +245,4 @@ def main(argv: list[str]) -> int:
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else make_plan(ns, nodes, local)[0]
 
-    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy).exit_code
+    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns)).exit_code

@@ -63,6 +63,8 @@ class Command(str, Enum):
     """Forward SIGINT (Ctrl-C) to every rank."""
     KILL = "kill"
     """SIGKILL every rank now."""
+    STACKS = "stacks"
+    """Dump every rank's Python stacks (answered by ``stacks`` events; see launcher.heartbeat_relay)."""
 
 
 def new_key() -> str:
@@ -137,6 +139,10 @@ EVENTS: dict[str, dict[str, Field]] = {
     },
     "exited": {"node_rank": NODE, "host": HOST, "exit_code": Field(exit_code, what="0-255"),
                "reason": Field(text, optional=True, what="text")},
+    # a rank's heartbeat, its fields already checked by its agent (launcher.heartbeat_relay)
+    "heartbeat": {"node_rank": NODE, "rank": RANK, "beat": Field(small_json, what="a heartbeat object")},
+    "stacks": {"node_rank": NODE, "rank": RANK, "lines": Field(text_list, what="a list of lines")},
+    "rank_exited": {"node_rank": NODE, "rank": RANK, "exit_code": Field(exit_code, what="0-255")},
 }
 """Every event kind and its fields. Fields not listed are refused: a sender and a
 receiver of different versions then say so instead of half-agreeing."""

@@ -24,6 +24,7 @@ from launcher.plan import LaunchPlan, new_job_id
 from launcher.protocol import new_key
 from launcher.report import Failure, format_report
 from launcher.runners import NodeCommand
+from launcher.watch import RunWatch
 
 RESTART_ENV = "ZERORUN_RESTART_COUNT"
 MAX_BACKOFF_S = 60.0
@@ -72,11 +73,30 @@ def restart_note(failure: Failure, restart: int, policy: RestartPolicy, ended: f
             f"of every rank in {policy.delay(restart):.1f} s")
 
 
+def run_watched(plan: LaunchPlan, commands: list[NodeCommand], watch_for: Callable[[LaunchPlan], RunWatch] | None,
+                err: TextIO) -> tuple[Executor, RunResult]:
+    """One attempt, with its live view and, at the end, its summary (launcher.watch)."""
+    if watch_for is None:
+        executor = Executor(plan, commands)
+        return executor, executor.run()
+    watch = watch_for(plan)
+    watch.begin()
+    out, err_stream = watch.streams(sys.stdout, sys.stderr)
+    executor = Executor(plan, commands, out=out, err=err_stream, watch=watch)
+    result = None
+    try:
+        result = executor.run()
+    finally:
+        print(watch.end(result.exit_code if result else 1), file=err, flush=True)
+    return executor, result
+
+
 def run_with_restarts(
     plan_for: Callable[[int], LaunchPlan],
     commands_for: Callable[[LaunchPlan], list[NodeCommand]],
     policy: RestartPolicy,
     err: TextIO | None = None,
+    watch_for: Callable[[LaunchPlan], RunWatch] | None = None,
 ) -> RunResult:
     """Run attempt 0, and up to ``policy.max_restarts`` more after failures; the last result.
 
@@ -88,8 +108,7 @@ def run_with_restarts(
         plan = plan_for(restart) if restart == 0 else fresh_attempt(plan_for(restart))
         if policy.max_restarts:
             plan = with_restart_count(plan, restart)
-        executor = Executor(plan, commands_for(plan))
-        result = executor.run()
+        executor, result = run_watched(plan, commands_for(plan), watch_for, err)
         if result.failures:
             print(format_report(result.failures, plan.world_size, console=executor.once), file=err, flush=True)
         if not result.failures or result.interrupted or restart >= policy.max_restarts:

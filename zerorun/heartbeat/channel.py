@@ -19,6 +19,7 @@ dropped, not waited for, when the pipe is full: the heartbeat never slows the ra
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import faulthandler
 import json
@@ -137,6 +138,7 @@ def start(env: dict[str, str] | os._Environ[str] = os.environ) -> Heartbeat | No
     interval = float(env.get(INTERVAL_ENV, DEFAULT_INTERVAL_S))
     _CURRENT = Heartbeat(fd, max(0.05, interval), stacks)
     _CURRENT.thread.start()
+    atexit.register(_CURRENT.send)  # the last steps reach the launcher, not only those of the last interval
     return _CURRENT
 
 

@@ -67,6 +67,8 @@ class Progress:
 
     def enter(self, phase: str) -> None:
         if phase != self.phase:
+            if self.phase == Phase.SETUP:  # the first step's time starts at its own first phase
+                self._step_started, self._wait_at_step = time.perf_counter(), self.wait_s
             self.phase = phase
             self.phase_since = time.time()
 
