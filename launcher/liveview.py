@@ -74,8 +74,9 @@ def node_row(ranks: list[RankStatus], stragglers: set[int]) -> list[str]:
             f"max {size(max(r.memory() for r in ranks))}", ",".join(map(str, flagged))]
 
 
-def table(board: Board, stragglers: set[int], now: float) -> Table:
-    t = Table(title=headline(board, now), title_justify="left", box=None, pad_edge=False)
+def table(board: Board, stragglers: set[int], now: float) -> Group:
+    """The headline, then the table (a headline of its own width: a title would wrap at the table's)."""
+    t = Table(box=None, pad_edge=False)
     for col in ("node", "rank", "state", "step", "s/step", "busy s", "phase", "waits in", "memory", ""):
         t.add_column(col, justify="right" if col in ("step", "s/step", "busy s", "memory") else "left")
     ranks = [board.ranks[r] for r in sorted(board.ranks)]
@@ -85,7 +86,7 @@ def table(board: Board, stragglers: set[int], now: float) -> Table:
     else:
         for node in sorted({s.node_rank for s in ranks}):
             t.add_row(*node_row([s for s in ranks if s.node_rank == node], stragglers))
-    return t
+    return Group(Text(headline(board, now), no_wrap=True), t)
 
 
 def plain_line(board: Board, stragglers: set[int], now: float) -> str:

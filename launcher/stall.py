@@ -39,7 +39,7 @@ class StallPolicy:
     """Allowance before every rank has finished a step."""
 
     def limit(self, board: Board) -> float:
-        if not board.all_stepped():
+        if not board.all_stepped() or any(s.phase == "exiting" for s in board.alive()):
             return max(self.setup_s, self.timeout_s or 0.0)
         if self.timeout_s is not None:
             return self.timeout_s

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from launcher.heartbeats import Board
 from launcher.liveview import LiveView
@@ -121,6 +121,8 @@ class RunWatch:
     def _judge(self, executor: Executor, now: float) -> None:
         stacks, self.stacks = self.stacks or {}, None
         places = [place_of(s, stacks.get(s.rank)) for s in self.board.ranks.values() if s.alive]
+        if not places:  # every rank ended meanwhile: nothing is stalled
+            return
         labels = {s.rank: str(s.beat["label"]) for s in self.board.ranks.values() if s.beat and s.beat.get("label")}
         limit = self.opts.stall.limit(self.board)
         v = verdict(places, now - self.board.last_progress_at, limit, labels)

@@ -126,6 +126,7 @@ class Engine(DeepSpeedSurface, HfSurface):
             PROGRESS.step_done(self.global_steps)
         self.micro_steps += 1
         PROGRESS.micro_step = self.micro_steps
+        PROGRESS.enter(Phase.SCRIPT)  # until the next engine call, the rank runs the script's own code
 
     def _optimizer_step(self) -> None:
         parts, scale = self.parts, self.scaler.scale

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import IO
 
-from zerorun.heartbeat.state import PROGRESS, Progress
+from zerorun.heartbeat.state import PROGRESS, Phase, Progress
 
 FD_ENV = "ZERORUN_HEARTBEAT_FD"
 STACKS_FD_ENV = "ZERORUN_STACKS_FD"
@@ -140,6 +140,21 @@ def start(env: dict[str, str] | os._Environ[str] = os.environ) -> Heartbeat | No
     _CURRENT.thread.start()
     atexit.register(_CURRENT.send)  # the last steps reach the launcher, not only those of the last interval
     return _CURRENT
+
+
+def exiting() -> None:
+    """From here the process winds down (groups destroyed, interpreter torn down): say so at once.
+
+    Called where the engine registers its own exit work, so this runs before it (atexit
+    runs last-registered first); the launcher gives a rank that is exiting the set-up
+    allowance, not the stall timeout.
+    """
+    def say() -> None:
+        PROGRESS.enter(Phase.EXITING)
+        if _CURRENT is not None and _CURRENT.pid == os.getpid():
+            _CURRENT.send()
+
+    atexit.register(say)
 
 
 def _register_stacks(text: str | None) -> IO[str] | None:

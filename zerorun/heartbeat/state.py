@@ -29,6 +29,10 @@ class Phase:
     STEP = "step"
     SAVE = "checkpoint-save"
     LOAD = "checkpoint-load"
+    EXITING = "exiting"
+    """After the script's end: process groups destroyed, the interpreter torn down."""
+    SCRIPT = "script"
+    """Between engine calls: the script's own code (data loading, logging, evaluation)."""
 
 
 IO_PHASES = frozenset({Phase.SAVE, Phase.LOAD})

@@ -159,6 +159,7 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout, **given,
                             **_device_id_kwargs(backend, local_rank))
     atexit.register(_destroy_at_exit)
+    heartbeat.channel.exiting()  # runs before the line above at exit: the launcher hears "exiting" first
     return _context(local_rank)
 
 

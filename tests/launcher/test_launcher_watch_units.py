@@ -1,0 +1,87 @@
+"""The watch's pure parts on synthetic beats: the live table (rich's capture), the plain line, the
+summary, stragglers, the stall verdict's grouping, the stall timeout, and the agent's beat check."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from launcher.heartbeat_relay import checked_beat
+from launcher.heartbeats import Board
+from launcher.liveview import plain_line, table
+from launcher.stall import RankPlace, StallPolicy, parse_stacks, rank_list, verdict
+from launcher.stragglers import StragglerTracker
+from launcher.summary import summary
+
+
+def _board() -> Board:
+    b = Board(4, started_at=100.0)
+    b.started(0, "node-a", {"0": 10, "1": 11}, 100.0)
+    b.started(1, "node-b", {"2": 12, "3": 13}, 100.0)
+    for r in range(4):
+        busy = 0.9 if r == 3 else 0.1
+        b.on_beat(r, {"step": 7, "micro": 7, "phase": "forward", "issued": [40, "all_gather", 8192, "bf16"],
+                      "completed": [39, "reduce_scatter", 4096, "fp32"], "samples_per_step": 32,
+                      "mem": {"rss": (r + 1) * 2**30, "peak_rss": (r + 2) * 2**30},
+                      "steps": [[s, 1.0, 1.0 - busy] for s in range(1, 8)]}, 105.0)
+    return b
+
+
+def test_the_live_table_shows_every_rank_its_step_rate_memory_and_flags() -> None:
+    console = Console(record=True, width=140)
+    console.print(table(_board(), {3}, now=112.0))
+    text = console.export_text()
+    assert "12 s | step 7 | 1.000 s/step | 4/4 ranks alive | 32.0 samples/s | slowest rank 3 (0.900 s busy)" in text
+    row3 = next(line for line in text.splitlines() if line.startswith("node-b") and " 3 " in line)
+    assert "alive" in row3 and "1.000" in row3 and "0.900" in row3 and "all_gather #40" in row3
+    assert "4.0 GiB" in row3 and "straggler" in row3
+    assert "plain" not in text and "| stragglers: 3" in plain_line(_board(), {3}, 112.0)
+
+
+def test_the_summary_lists_each_rank_and_the_stragglers() -> None:
+    b = _board()
+    for r in range(4):
+        b.on_exit(r, 0, 120.0)
+    t = StragglerTracker(4, steps=3)
+    for r, s in b.ranks.items():
+        t.add(r, s.host, list(s.steps))
+    assert sorted(t.flagged) == [3]
+    text = summary(b, 130.0, 0, list(t.flagged.values()), "/logs")
+    assert "4 rank(s) on 2 node(s), wall 30.0 s, 7 step(s), exit code 0" in text
+    assert "rank 3 (node-b) is a straggler: 0.900 s of its own work per step, 9.0x" in text
+    assert "logs: /logs (rank<R>.log)" in text and "5.0 GiB" in text
+
+
+def test_the_verdict_names_the_rank_that_is_elsewhere() -> None:
+    stack = ['Current thread 0x1 (most recent call first):', '  File "/w/model.py", line 88 in forward',
+             '  File "/w/train.py", line 12 in <module>']
+    frames = parse_stacks(stack)[0]
+    waiting = [RankPlace(r, "a", "forward", [1842, "all_gather", 8_400_000, "bf16"]) for r in (0, 1, 2, 4, 5, 6, 7)]
+    v = verdict([*waiting, RankPlace(3, "b", "forward", None, frames)], 30.0, 20.0, {0: "layers.11"})
+    assert v.text == ("stalled: rank 3 (b) is in forward at model.py:88; ranks 0-2,4-7 wait in all_gather #1842 "
+                      "(8.4M bf16, unit layers.11)")
+    assert v.culprits == [3] and json.loads(json.dumps(v.to_json()))["groups"][1]["collective"]["seq"] == 1842
+    assert rank_list([0, 1, 3, 4, 5]) == "0,1,3-5"
+
+
+def test_the_stall_timeout_waits_out_set_up_and_follows_the_step_time() -> None:
+    b = Board(2, 0.0)
+    b.started(0, "h", {"0": 5, "1": 6}, 0.0)
+    assert StallPolicy(3.0, 600.0).limit(b) == 600.0  # no rank has finished a step: set-up allowance
+    for r in range(2):
+        b.on_beat(r, {"step": 2, "phase": "script", "steps": [[1, 10.0, 0.0], [2, 10.0, 0.0]]}, 1.0)
+    assert StallPolicy(3.0, 600.0).limit(b) == 3.0
+    assert StallPolicy(None).limit(b) == 200.0  # auto: 20 x a 10 s step
+    before = b.last_progress_at
+    b.on_beat(0, {"step": 2, "phase": "script", "steps": []}, 9.0)
+    assert b.last_progress_at == before  # alive, nothing new: no progress
+    b.on_beat(0, {"step": 2, "phase": "checkpoint-save", "io": 5}, 10.0)
+    b.on_beat(0, {"step": 2, "phase": "checkpoint-save", "io": 9}, 11.0)
+    assert b.last_progress_at == 11.0  # a checkpoint's I/O is progress
+
+
+def test_the_agent_keeps_only_well_formed_fields_of_a_beat() -> None:
+    beat = checked_beat(json.dumps({"v": 1, "step": 3, "phase": "x" * 500, "rank": 7, "mem": {"rss": -1}}).encode())
+    assert beat == {"v": 1, "step": 3}  # no rank field is ever taken from a beat; bad values dropped
+    assert checked_beat(b"[rank 0] step 3") is None and checked_beat(b'{"v": 2}') is None
