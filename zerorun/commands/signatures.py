@@ -53,13 +53,16 @@ def optimizer_problems(cfg: ZerorunConfig) -> list[Problem]:
     """What ``build_optimizer`` would reject in ``cfg.optimizer`` (torch's own signature)."""
     if cfg.optimizer is None:
         return []
+    return _optimizer_problems(cfg.optimizer.type, dict(cfg.optimizer.params))
+
+
+def _optimizer_problems(name: str, params: dict[str, Any]) -> list[Problem]:
     with warnings.catch_warnings():  # torch's import-time warnings (no numpy ...) are noise here
         warnings.simplefilter("ignore")
         import torch
 
         from zerorun.engine.training.optim_factory import _CLASSES, _DROPPED
 
-    name, params = cfg.optimizer.type, dict(cfg.optimizer.params)
     cls = _CLASSES.get(name.lower())
     if cls is None:
         return [Problem("optimizer.type", f"{name!r} is not a torch.optim class")]
@@ -75,17 +78,34 @@ def scheduler_problems(cfg: ZerorunConfig) -> list[Problem]:
     """What ``build_scheduler`` would reject in ``cfg.scheduler`` (the schedule's fields)."""
     if cfg.scheduler is None:
         return []
+
+    return _scheduler_problems(cfg.scheduler.type, dict(cfg.scheduler.params))
+
+
+def _scheduler_problems(name: str, params: dict[str, Any]) -> list[Problem]:
     from zerorun.engine.training.schedulers import _SCHEDULES
 
-    name = cfg.scheduler.type
     cls = _SCHEDULES.get(name)
     if cls is None:
         return [Problem("scheduler.type", f"{name!r} is accepted in configs but the bundled engine has no such "
                         f"schedule; use one of {', '.join(_SCHEDULES)} or pass lr_scheduler= to initialize()")]
     accepted = {f.name: f.default for f in dataclasses.fields(cls)}
-    return _check("scheduler", name, dict(cfg.scheduler.params), accepted)
+    return _check("scheduler", name, params, accepted)
 
 
 def builder_problems(cfg: ZerorunConfig) -> list[Problem]:
     """Every problem ``initialize`` would hit building the config's optimizer and scheduler."""
     return optimizer_problems(cfg) + scheduler_problems(cfg)
+
+
+def raw_builder_problems(raw: dict[str, Any]) -> list[Problem]:
+    """The same checks on the raw file, for a config the schema already rejected: every problem is
+    reported in one pass, not the params' only after the schema's are fixed."""
+    problems = []
+    for block, check in (("optimizer", _optimizer_problems), ("scheduler", _scheduler_problems)):
+        value = raw.get(block)
+        if isinstance(value, dict) and isinstance(value.get("type"), str):
+            params = value.get("params") or {}
+            if isinstance(params, dict):
+                problems += check(value["type"], params)
+    return problems

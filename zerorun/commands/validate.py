@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -9,8 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from zerorun.commands.options import Gpus, HiddenSize, Json, Nodes, world_size
-from zerorun.commands.signatures import builder_problems
+from zerorun.commands.signatures import builder_problems, raw_builder_problems
 from zerorun.config import ConfigError, LoadedConfig, inspect_config
+from zerorun.config.read import read_source
 from zerorun.errors import ZerorunError
 
 
@@ -44,7 +46,10 @@ def inspect_file(path: str, world: int | None, hidden_size: int | None) -> dict[
     try:
         loaded = inspect_config(Path(path), world_size=world, hidden_size=hidden_size)
     except ConfigError as err:
-        return {"file": err.origin, "ok": False, "problems": [p.render(err.origin) for p in err.problems],
+        found = list(err.problems)
+        with contextlib.suppress(ConfigError, OSError):  # unreadable: the schema's problems say so
+            found += [p for p in raw_builder_problems(read_source(Path(path))[0]) if p not in found]
+        return {"file": err.origin, "ok": False, "problems": [p.render(err.origin) for p in found],
                 "warnings": [p.render(err.origin) for p in err.warnings], "notes": []}
     problems = builder_problems(loaded.config)
     result: dict[str, Any] = {
