@@ -60,6 +60,12 @@ def children(path: str) -> list[str]:
 
 
 def description(path: str) -> str:
+    """The key's meaning; for a key the engine accepts but never reads, that it has no effect and
+    why (config/noop.py, the source the load-time warning and the templates' comments use too)."""
+    from zerorun.config.noop import NO_EFFECT
+
+    if path in NO_EFFECT:
+        return f"Accepted for DeepSpeed's configs; no effect here: {NO_EFFECT[path]}."
     info = fields().get(path)
     return (info.description or "") if info is not None else ""
 

@@ -220,8 +220,8 @@ def recommend(rows: list[Row], gpu_memory: int | None, headroom: float = FIT_HEA
         return Recommendation(
             None,
             f"nothing fits in {gib(usable):.1f} GiB usable ({gib(gpu_memory):.1f} GiB less {headroom:.0%}); the "
-            f"smallest is {smallest.placement.label} at {gib(smallest.total):.1f} GiB per GPU: add GPUs, offload, "
-            "or shrink the micro batch",
+            f"smallest is {smallest.placement.label} at {gib(smallest.total):.1f} GiB per GPU "
+            "(the levers below, each with the figure it gives, say what would change that)",
         )
     best = fitting[0]
     reason = (

@@ -162,10 +162,18 @@ def print_estimate(est: Estimate, console: Console, notes: list[str]) -> None:
     """Table, recommendation, bars and notes, in that order."""
     console.print(estimate_table(est))
     rec = est.recommendation
+    from zerorun.estimate.levers import advice, next_command
+
     if rec.row is not None:
         console.print(f"[bold green]recommended:[/] {rec.reason}", soft_wrap=True)
+        command = next_command(rec.row.placement)
+        if command:
+            console.print(f"[bold green]next:[/] {command}", soft_wrap=True, markup=True)
     else:
         console.print(f"[bold yellow]no recommendation:[/] {rec.reason}", soft_wrap=True)
+        hint = advice(est)
+        if hint:
+            console.print(f"[bold cyan]{hint}[/]", soft_wrap=True)
     console.print(assumptions_line(est), soft_wrap=True, markup=False)
     console.print(f"[dim]{reference_line(est)}[/]", soft_wrap=True)
     console.print(bars(est))
