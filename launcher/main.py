@@ -24,6 +24,7 @@ from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
 from launcher.filters import NodeSlots, check_exclusive, limit, select
 from launcher.hostfile import Host, find_hosts
+from launcher.master import plan_master
 from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
 from launcher.preflight import preflight
 from launcher.protocol import new_key
@@ -205,9 +206,10 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
         bind_cores=ns.bind_cores_to_rank, bind_core_list=ns.bind_core_list, threads_per_rank=ns.threads_per_rank,
     )
     command = rank_command(ns)
+    master_addr, master_reason = plan_master(nodes, ns.master_addr, local)
     plan = build_plan(
         nodes, command=command, args_start=len(command) - len(ns.script_args), job_id=new_job_id(), cwd=str(cwd), python=sys.executable,
-        master_addr=ns.master_addr, master_port=port, port_reason=port_reason, local=local,
+        master_addr=master_addr, master_port=port, port_reason=port_reason, master_reason=master_reason, local=local,
         pass_local_rank=ns.pass_local_rank, env=env, options=options,
         visible_devices=gpus if visible_devices(os.environ) is not None else (), channel_key=new_key(),
     )

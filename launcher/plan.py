@@ -18,6 +18,7 @@ from typing import Any
 from launcher.errors import LaunchError
 from launcher.filters import NodeSlots
 from launcher.hostnames import address_problem
+from launcher.master import check_explicit, is_loopback, remote_nodes
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -135,15 +136,21 @@ def new_job_id() -> str:
 
 
 def choose_master(nodes: Sequence[NodeSlots], master_addr: str | None, local: bool) -> tuple[str, str]:
-    """The master address and why it was chosen."""
+    """The master address and why it was chosen; never a loopback master with a remote node
+    (launcher/master.py replaces a loopback first node before the plan is built)."""
     if master_addr:
         problem = address_problem(master_addr)
         if problem is not None and address_problem(f"[{master_addr}]") is not None:  # a bare IPv6 is fine here
             raise LaunchError(f"--master_addr {master_addr[:80]!r}: {problem}", "give the host name or address of rank 0's node")
+        check_explicit(master_addr, nodes)
         return master_addr, "given by --master_addr"
     if local:
         return "127.0.0.1", "single local node: loopback"
     first = nodes[0].host
+    remote = remote_nodes(nodes)
+    if is_loopback(first.address) and remote:
+        raise LaunchError(f"the first node of the hostfile ({first.name}) is loopback and {remote[0]} is remote",
+                          "write this machine's routable name or address in the hostfile, or pass --master_addr")
     return first.address, f"first node of the hostfile ({first.name}): rank 0 runs there and hosts the store"
 
 
@@ -157,6 +164,7 @@ def build_plan(
     master_addr: str | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     port_reason: str | None = None,
+    master_reason: str | None = None,
     local: bool = False,
     pass_local_rank: bool = False,
     env: dict[str, str] | None = None,
@@ -167,6 +175,7 @@ def build_plan(
 ) -> LaunchPlan:
     """Lay out ranks over ``nodes`` (hostfile order, contiguous per node)."""
     addr, reason = choose_master(nodes, master_addr, local)
+    reason = master_reason or reason
     if port_reason:
         reason = f"{reason}; port {port_reason}"
     node_plans: list[NodePlan] = []
