@@ -8,11 +8,9 @@ name gets a did-you-mean, a value of the wrong kind names the expected one.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import warnings
 from typing import Any
 
+from zerorun.config.builder_signatures import DROPPED, OPTIMIZERS, SCHEDULES
 from zerorun.config.problems import Problem
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.suggest import did_you_mean
@@ -57,21 +55,14 @@ def optimizer_problems(cfg: ZerorunConfig) -> list[Problem]:
 
 
 def _optimizer_problems(name: str, params: dict[str, Any]) -> list[Problem]:
-    with warnings.catch_warnings():  # torch's import-time warnings (no numpy ...) are noise here
-        warnings.simplefilter("ignore")
-        import torch
-
-        from zerorun.engine.training.optim_factory import _CLASSES, _DROPPED
-
-    cls = _CLASSES.get(name.lower())
-    if cls is None:
+    key = name.lower()
+    if key not in OPTIMIZERS:
         return [Problem("optimizer.type", f"{name!r} is not a torch.optim class")]
-    if name.lower() == "adam" and params.get("adam_w_mode", True):
-        cls = torch.optim.AdamW  # DeepSpeed's Adam is AdamW unless adam_w_mode: false
-    signature = inspect.signature(cls.__init__).parameters
-    accepted = {k: p.default for k, p in signature.items() if k not in ("self", "params")}
-    accepted.update(dict.fromkeys(_DROPPED, True))
-    return _check("optimizer", f"torch.optim.{cls.__name__}", params, accepted)
+    if key == "adam" and params.get("adam_w_mode", True):
+        key = "adamw"  # DeepSpeed's Adam is AdamW unless adam_w_mode: false
+    cls_name, defaults = OPTIMIZERS[key]
+    accepted = {**defaults, **dict.fromkeys(DROPPED, True)}
+    return _check("optimizer", f"torch.optim.{cls_name}", params, accepted)
 
 
 def scheduler_problems(cfg: ZerorunConfig) -> list[Problem]:
@@ -83,13 +74,10 @@ def scheduler_problems(cfg: ZerorunConfig) -> list[Problem]:
 
 
 def _scheduler_problems(name: str, params: dict[str, Any]) -> list[Problem]:
-    from zerorun.engine.training.schedulers import _SCHEDULES
-
-    cls = _SCHEDULES.get(name)
-    if cls is None:
+    accepted = SCHEDULES.get(name)
+    if accepted is None:
         return [Problem("scheduler.type", f"{name!r} is accepted in configs but the bundled engine has no such "
-                        f"schedule; use one of {', '.join(_SCHEDULES)} or pass lr_scheduler= to initialize()")]
-    accepted = {f.name: f.default for f in dataclasses.fields(cls)}
+                        f"schedule; use one of {', '.join(SCHEDULES)} or pass lr_scheduler= to initialize()")]
     return _check("scheduler", name, params, accepted)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from zerorun.config.builder_signatures import DROPPED
 from zerorun.engine.errors import EngineError
 from zerorun.engine.training.host_kernel import kernel_kwargs
 
@@ -25,7 +26,7 @@ _CLASSES: dict[str, type[torch.optim.Optimizer]] = {
     if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
 }
 # DeepSpeed-only keys that torch's constructors do not take; ignored here with a reason.
-_DROPPED = {"torch_adam", "adam_w_mode", "bias_correction"}
+_DROPPED = DROPPED
 
 
 def build_optimizer(type_name: str, params: dict[str, Any], model_parameters: Iterable[Any],
