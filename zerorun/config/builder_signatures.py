@@ -3,8 +3,8 @@
 ``validate`` must start in well under 2 s; importing torch for ``inspect.signature`` took
 most of its time. These are the constructors' defaults as ``initialize`` calls them (the
 ``torch.optim`` classes of the engine's factory, the bundled schedules), written out;
-``generate()`` reads them off the real classes, and tests/first_hour/test_quick_commands.py
-holds the two equal, so a torch upgrade that changes a signature fails there, not here.
+tests/first_hour/test_quick_commands.py reads them off the real classes and holds the two
+equal, so a torch upgrade that changes a signature fails there, not here.
 """
 
 from __future__ import annotations
@@ -182,17 +182,3 @@ SCHEDULES: dict[str, dict[str, Any]] = {'WarmupLR': {'warmup_min_lr': 0.0, 'warm
                  'lr_range_test_staircase': False}}
 """schedule name -> its fields' defaults (None: required, any value)."""
 
-
-def generate() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, dict[str, Any]]]:
-    """The two tables read off the engine's classes (imports torch)."""
-    import dataclasses
-    import inspect
-
-    from zerorun.engine.training.optim_factory import _CLASSES
-    from zerorun.engine.training.schedulers import _SCHEDULES
-
-    optimizers = {name: (cls.__name__, {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-                                        if k not in ("self", "params")}) for name, cls in _CLASSES.items()}
-    schedules = {name: {f.name: None if f.default is dataclasses.MISSING else f.default
-                        for f in dataclasses.fields(cls)} for name, cls in _SCHEDULES.items()}
-    return optimizers, schedules
