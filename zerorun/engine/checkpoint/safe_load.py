@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,33 +28,15 @@ TRUST_HINT = ("if you trust whoever wrote this file, opt in: load_checkpoint(...
 _GLOBAL = re.compile(r"GLOBAL (\S+)")
 
 
-@contextlib.contextmanager
-def _allowed(stand_ins: Sequence[type]) -> Iterator[None]:
-    """``stand_ins`` allowed for this load only where torch can scope it (2.5+); 2.4 adds them for good,
-    which is harmless: a stand-in runs no code."""
-    if not stand_ins:
-        yield
-        return
-    scoped = getattr(torch.serialization, "safe_globals", None)
-    if scoped is None:
-        torch.serialization.add_safe_globals(list(stand_ins))
-        yield
-        return
-    with scoped(list(stand_ins)):
-        yield
-
-
 def unsafe_global(error: BaseException, file: Path) -> str | None:
     """The global that made torch refuse ``file`` (from torch's message, else torch's own scan), if any."""
     found = _GLOBAL.search(str(error))
     if found:
         return found.group(1).rstrip(".")
-    lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)
-    if lister is not None:
-        with contextlib.suppress(Exception):
-            names = lister(str(file))
-            if names:
-                return ", ".join(names)
+    with contextlib.suppress(Exception):  # a file too damaged to scan: the message says what torch said
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
+        if names:
+            return ", ".join(names)
     return None
 
 
@@ -76,7 +58,7 @@ def load(file: Path, trust: bool = False, stand_ins: Sequence[type] = (),
     if trust:
         extra = {"pickle_module": pickle_module} if pickle_module is not None else {}
         return torch.load(file, map_location="cpu", weights_only=False, **extra)  # the user vouched for it
-    with _allowed(stand_ins):
+    with torch.serialization.safe_globals(list(stand_ins)):  # for this load only
         try:
             return torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
