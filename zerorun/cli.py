@@ -22,6 +22,7 @@ import typer
 from zerorun.commands import (
     autotune,
     convert,
+    doctor,
     estimate,
     link_deepspeed,
     print_config,
@@ -71,6 +72,7 @@ app.command("report")(report.command)
 app.command("convert")(convert.command)
 app.command("simulate")(simulate.command)
 app.command("link-deepspeed")(link_deepspeed.command)
+app.command("doctor")(doctor.command)
 
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)

@@ -1,0 +1,235 @@
+"""Host checks through the launcher's own runner: ``zerorun doctor``, the launcher's
+network preflight, and whoever must re-check hosts (elastic restarts) call ``check_hosts``.
+
+Two phases, both bounded by timeouts: a listener (launcher/probe_listen.py) binds the
+master port on node 0, which tells whether the port is free there; then every host
+runs the probe (launcher/probe_script.py) in parallel, which reports versions, limits,
+its clock, its route to the master and a TCP connect to that listener. The answers are
+judged by launcher/doctor_checks.py. The local runner runs both on this machine; ssh
+and pdsh run them over ssh with the launch's ssh options (pdsh's commands are ssh
+under it, and cannot carry the listener's stdin).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import shlex
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.doctor_checks import (
+    Finding,
+    Problem,
+    clock_finding,
+    limit_findings,
+    network_findings,
+    ssh_failure,
+    suggest_ifname,
+    version_findings,
+)
+from launcher.errors import LaunchError
+from launcher.plan import LaunchPlan, NodePlan
+from launcher.runners import RunnerKind, SshOptions, ssh_target
+
+PROBE_SOURCE = (Path(__file__).parent / "probe_script.py").read_text()
+LISTEN_SOURCE = (Path(__file__).parent / "probe_listen.py").read_text()
+PROBE_TAG = "zerorun-doctor"
+LISTEN_TAG = "zerorun-doctor-listen"
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """One host: its probe's answer (None when it did not answer) and what was found there."""
+
+    host: str
+    node_rank: int
+    slots: int
+    facts: dict[str, Any] | None
+    findings: tuple[Finding, ...]
+    seconds: float
+    clock_offset: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.error for f in self.findings)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """Every host's report, the master-side findings, and the verdict."""
+
+    master_addr: str
+    master_port: int
+    runner: str
+    hosts: tuple[HostReport, ...]
+    master_findings: tuple[Finding, ...]
+    ifname: str | None
+    """The ``*_SOCKET_IFNAME`` that matches every host's route to the master (None: no advice)."""
+    seconds: float
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return self.master_findings + tuple(f for h in self.hosts for f in h.findings)
+
+    @property
+    def ok(self) -> bool:
+        """Whether a launch would work: no error anywhere (warnings allowed)."""
+        return not any(f.error for f in self.findings)
+
+    def verdict(self) -> str:
+        errors = [f for f in self.findings if f.error]
+        warnings = len(self.findings) - len(errors)
+        n = len(self.hosts)
+        if not errors:
+            return f"ok: {n} host(s) ready for a launch ({warnings} warning(s)), checked in {self.seconds:.1f} s"
+        bad = sorted({f.host for f in errors})
+        return f"not ready: {len(errors)} error(s) on {', '.join(bad)} ({warnings} warning(s))"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "verdict": self.verdict(), "master": f"{self.master_addr}:{self.master_port}",
+                "runner": self.runner, "seconds": round(self.seconds, 3), "ifname_suggestion": self.ifname,
+                "findings": [f.to_dict() for f in self.findings],
+                "hosts": [{"host": h.host, "node_rank": h.node_rank, "slots": h.slots, "ok": h.ok, "facts": h.facts,
+                           "clock_offset": h.clock_offset, "seconds": round(h.seconds, 3)} for h in self.hosts]}
+
+
+def remote_argv(plan: LaunchPlan, node: NodePlan, runner: RunnerKind, ssh: SshOptions, source: str, arg: str) -> list[str]:
+    """``python -c SOURCE ARG`` on ``node``: directly for the local runner, else over ssh (quoted once, here)."""
+    argv = [plan.python, "-c", source, arg]
+    if runner is RunnerKind.LOCAL:
+        return argv
+    return ["ssh", "-T", *ssh.options(), "--", ssh_target(node.host), shlex.join(argv)]
+
+
+def _answer(stdout: str, tag: str) -> str | None:
+    for line in stdout.splitlines():
+        if line.startswith(tag + " "):
+            return line[len(tag) + 1:]
+    return None
+
+
+class Listener:
+    """The master-side listener: started first, closed when every probe has answered."""
+
+    def __init__(self, argv: list[str], timeout: float) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.status = self._first_line(timeout)
+
+    def _first_line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline().decode(errors="replace") if ready else ""
+        return _answer(line, LISTEN_TAG) or "failed"
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _probe(argv: list[str], timeout: float) -> tuple[int, str, str, float, float]:
+    start = time.time()
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return done.returncode, done.stdout, done.stderr, start, time.time()
+    except subprocess.TimeoutExpired:
+        return 255, "", f"no answer within {timeout:.0f} s", start, time.time()
+
+
+def _host_report(node: NodePlan, result: tuple[int, str, str, float, float]) -> HostReport:
+    code, out, err, start, end = result
+    answer = _answer(out, PROBE_TAG)
+    if code != 0 or answer is None:
+        return HostReport(node.host, node.node_rank, len(node.slots), None, (ssh_failure(node.host, code, err or out),),
+                          end - start)
+    facts = json.loads(answer)
+    return HostReport(node.host, node.node_rank, len(node.slots), facts, (), end - start,
+                      clock_offset=float(facts["time"]) - (start + end) / 2)
+
+
+def _judge(plan: LaunchPlan, report: HostReport, ref: HostReport | None, port_free: bool) -> HostReport:
+    facts = report.facts
+    if facts is None:
+        return report
+    host, found = report.host, []
+    if not facts["cwd_ok"]:
+        found.append(Finding(host, Problem.NO_WORKDIR, f"{host} has no directory {plan.cwd}",
+                             "launch from a directory that exists on every host (a shared file system)"))
+    if ref is not None and ref.facts is not None and ref.host != host:
+        found += version_findings(host, facts, ref.host, ref.facts)
+    found += limit_findings(host, facts, report.slots)
+    if report.clock_offset is not None:
+        skew = clock_finding(host, report.clock_offset, report.seconds / 2)
+        found += [skew] if skew else []
+    ifname_env = {k: v for k, v in plan.env if k in IFNAME_VARS}
+    net = network_findings(host, facts, plan.master_addr, plan.master_port, report.node_rank == 0, ifname_env)
+    found += [f for f in net if port_free or f.problem not in (Problem.PORT_REFUSED, Problem.PORT_TIMEOUT)]
+    return HostReport(report.host, report.node_rank, report.slots, facts, tuple(found), report.seconds,
+                      report.clock_offset)
+
+
+def _listener_findings(plan: LaunchPlan, status: str) -> tuple[Finding, ...]:
+    host = plan.nodes[0].host
+    if status == "ok" or status == "failed":  # a failed start shows as node 0's own probe failure
+        return ()
+    return (Finding(host, Problem.PORT_IN_USE, f"port {plan.master_port} is in use on the master {host} ({status[5:]})",
+                    f"stop what holds it (`ss -ltnp 'sport = :{plan.master_port}'` there), "
+                    "or pass another --master_port (`auto` picks a free one)"),)
+
+
+def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptions(), *,
+                connect_timeout: float = 3.0) -> DoctorReport:
+    """Check every node of ``plan`` in parallel through ``runner``; never raises for a host's failure.
+
+    Args:
+        plan: the launch plan (its nodes, ``master_addr``/``master_port``, ``python``, ``cwd``
+            and exported ``env`` are what is checked).
+        runner: LOCAL (one node, this machine), SSH or PDSH (both probe over ssh).
+        ssh: the launch's ssh options (port, extra args, ConnectTimeout).
+        connect_timeout: seconds each host's TCP connect to the master may take before the
+            port counts as blocked (timed out).
+
+    Returns:
+        A DoctorReport: ``ok`` (a launch would work), ``verdict()``, ``findings`` (each a
+        Finding with its Problem class and fix), per-host ``hosts`` (facts, findings,
+        clock offset) and ``to_dict()`` for JSON. Takes about one ssh round trip plus
+        the listener's start; bounded by ``ssh.connect_timeout``.
+
+    Raises:
+        LaunchError: for a runner it cannot probe through (slurm, openmpi).
+    """
+    if runner not in (RunnerKind.LOCAL, RunnerKind.SSH, RunnerKind.PDSH):
+        raise LaunchError(f"the host checks run over the local runner or ssh, not {runner.value}",
+                          "pass --launcher ssh (with the same hostfile), or skip them with --no_preflight")
+    start = time.time()
+    timeout = ssh.connect_timeout + connect_timeout + 10.0
+    listener = Listener(remote_argv(plan, plan.nodes[0], runner, ssh, LISTEN_SOURCE, str(plan.master_port)),
+                        ssh.connect_timeout + 5.0)
+    try:
+        arg = json.dumps({"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd,
+                          "connect": listener.status == "ok", "timeout": connect_timeout})
+        with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
+            results = list(pool.map(
+                lambda n: _probe(remote_argv(plan, n, runner, ssh, PROBE_SOURCE, arg), timeout), plan.nodes))
+    finally:
+        listener.close()
+    raw = [_host_report(n, r) for n, r in zip(plan.nodes, results, strict=True)]
+    ref = next((h for h in raw if h.facts is not None), None)
+    hosts = tuple(_judge(plan, h, ref, listener.status == "ok") for h in raw)
+    routes = [h.facts["network"].get("route", {}).get("interface") if h.facts else None for h in hosts]
+    ifname = suggest_ifname(routes) if len(plan.nodes) > 1 else None
+    return DoctorReport(plan.master_addr, plan.master_port, runner.value, hosts,
+                        _listener_findings(plan, listener.status), ifname, time.time() - start)

@@ -1,0 +1,135 @@
+"""`zerorun doctor`: would a launch on these hosts work? Every host checked, in parallel, in seconds.
+
+Usage:
+
+  zerorun doctor                                  # this machine alone (local runner)
+  zerorun doctor -H hostfile                      # every host of the hostfile, over ssh
+  zerorun doctor -H hostfile -e w3 --master-port 29600 --json
+
+The hosts, the master and the runner are chosen exactly as the launch chooses them
+(launcher/main.py); the checks are launcher/doctor.py's. Exit status 0 only when a
+launch would work (warnings allowed), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from zerorun.commands.options import Json
+
+if TYPE_CHECKING:  # the launcher is imported when the command runs, not when the CLI starts
+    from launcher.doctor import DoctorReport, HostReport
+
+Hostfile = Annotated[str | None, typer.Option("--hostfile", "-H", help="DeepSpeed-style hostfile (default: this machine).")]
+Include = Annotated[str | None, typer.Option("--include", "-i", help="Only these hosts/slots, e.g. 'w1@w2:0,1'.")]
+Exclude = Annotated[str | None, typer.Option("--exclude", "-e", help="Drop these hosts/slots, e.g. 'w2'.")]
+MasterAddr = Annotated[str | None, typer.Option("--master-addr", help="Rank 0's address (default: as the launch picks).")]
+MasterPort = Annotated[str, typer.Option("--master-port", help="Rank 0's store port, or `auto`.")]
+Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh or pdsh (default: as the launch picks).")]
+SshPort = Annotated[int | None, typer.Option("--ssh-port", help="ssh port on every host.")]
+SshArgs = Annotated[str | None, typer.Option("--ssh-args", help="Extra ssh arguments, one quoted string.")]
+Env = Annotated[list[str] | None, typer.Option("--env", help="K=V exported to the ranks (checks *_SOCKET_IFNAME).")]
+
+
+def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None, master_addr: str | None,
+                  master_port: str, launcher: str | None, ssh_port: int | None, ssh_args: str | None,
+                  env: list[str]) -> list[str]:
+    """The launcher's own flags for these options, so the plan is the one a launch would make."""
+    argv = ["--master_port", master_port]
+    for flag, value in (("--hostfile", hostfile), ("--include", include), ("--exclude", exclude),
+                        ("--master_addr", master_addr), ("--launcher", launcher),
+                        ("--ssh_port", None if ssh_port is None else str(ssh_port)), ("--ssh_args", ssh_args)):
+        if value is not None:
+            argv += [flag, value]
+    for item in env:
+        argv += ["--env", item]
+    return [*argv, "zerorun-doctor"]
+
+
+def run_doctor(argv: list[str]) -> DoctorReport:
+    from launcher.args import parse_args
+    from launcher.doctor import check_hosts
+    from launcher.main import choose_runner, make_plan, resolve_nodes, ssh_options
+
+    ns = parse_args(argv)
+    nodes, local = resolve_nodes(ns)
+    kind = choose_runner(ns, nodes, local)
+    plan, _ = make_plan(ns, nodes, local)
+    return check_hosts(plan, kind, ssh_options(ns))
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n >> 20} MiB" if n < (1 << 30) else f"{n / (1 << 30):.0f} GiB"
+
+
+def _limit(value: int, unlimited: int, unit_kib: bool) -> str:
+    return "unlimited" if value == unlimited else f"{value >> 10} KiB" if unit_kib else str(value)
+
+
+def _rows(h: HostReport) -> list[tuple[str, str]]:
+    """The facts of one host, one per row (only what its probe answered)."""
+    if h.facts is None:
+        return [("answer", "[red]none[/]")]
+    v, lim, net = h.facts["versions"], h.facts["limits"], h.facts["network"]
+    torch = v["torch"] or "none"
+    if v["cuda"]:
+        torch += f", CUDA {v['cuda']}" + (f", NCCL {v['nccl']}" if v["nccl"] else "")
+    rt = net.get("route", {})
+    route = f"{rt.get('interface')} {rt.get('source')}, MTU {rt.get('mtu')}" if "source" in rt else rt.get("error", "-")
+    return [
+        ("python / zerorun", f"{v['python']} / {v['zerorun']}"), ("torch", torch),
+        ("driver", v["driver"] or "none"), ("gpus / slots", f"{lim['gpus']} / {h.slots}"),
+        ("/dev/shm", _mib((lim.get("shm") or {}).get("total"))),
+        ("ulimit -l / -n", f"{_limit(lim['memlock'], lim['unlimited'], True)} / {_limit(lim['nofile'], lim['unlimited'], False)}"),
+        ("clock offset", "-" if h.clock_offset is None else f"{h.clock_offset:+.2f} s (+-{h.seconds / 2:.2f})"),
+        ("master resolves to", ", ".join(net.get("resolved", [])) or "-"),
+        ("route to master", route), ("master port", net.get("connect", {}).get("result", "not tried")),
+    ]
+
+
+def show(report: DoctorReport, console: Console) -> None:
+    """A table per host, then every finding with its fix, then the verdict line."""
+    console.print(f"master {report.master_addr}:{report.master_port}, runner {report.runner}", highlight=False)
+    for h in report.hosts:
+        status = "[green]ok[/]" if h.ok else "[red]error[/]"
+        table = Table(title=f"node {h.node_rank}: {h.host} ({status})", show_header=False, title_justify="left")
+        table.add_column("check", style="bold")
+        table.add_column("value")
+        for key, value in _rows(h):
+            table.add_row(key, value)
+        console.print(table)
+    for f in report.findings:
+        tag = "[red]error[/]" if f.error else "[yellow]warning[/]"
+        console.print(f"{tag} \\[{f.problem.value}] {f.message}\n    fix: {f.fix}", highlight=False)
+    if report.ifname:
+        console.print(f"interface: NCCL_SOCKET_IFNAME={report.ifname} GLOO_SOCKET_IFNAME={report.ifname} "
+                      "(the route to the master on every host)", highlight=False)
+    console.print(("[green]" if report.ok else "[red]") + report.verdict() + "[/]", highlight=False)
+
+
+def command(
+    hostfile: Hostfile = None, include: Include = None, exclude: Exclude = None, master_addr: MasterAddr = None,
+    master_port: MasterPort = "29500", launcher: Launcher = None, ssh_port: SshPort = None, ssh_args: SshArgs = None,
+    env: Env = None, as_json: Json = False,
+) -> int:
+    """Check every host a launch would use: versions, GPUs, limits, clocks, the route and port to the master.
+
+    Examples:
+
+      zerorun doctor
+
+      zerorun doctor -H hostfiles/two-nodes --json
+    """
+    report = run_doctor(launcher_argv(hostfile, include, exclude, master_addr, master_port, launcher,
+                                      ssh_port, ssh_args, env or []))
+    if as_json:
+        data: dict[str, Any] = report.to_dict()
+        print(json.dumps(data, indent=2))
+    else:
+        show(report, Console())
+    raise typer.Exit(0 if report.ok else 1)
