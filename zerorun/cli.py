@@ -23,6 +23,7 @@ from zerorun.commands import (
     autotune,
     convert,
     doctor,
+    elastic,
     estimate,
     link_deepspeed,
     print_config,
@@ -73,6 +74,7 @@ app.command("convert")(convert.command)
 app.command("simulate")(simulate.command)
 app.command("link-deepspeed")(link_deepspeed.command)
 app.command("doctor")(doctor.command)
+app.command("elastic")(elastic.command)
 
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)

@@ -167,10 +167,9 @@ def test_deepspeed_only_blocks() -> None:
         "<dict>: wandb: is a DeepSpeed key that zerorun accepts but ignores",
     ]
     assert errors({"elasticity": {"enabled": True}}) == [
-        "<dict>: elasticity: enables DeepSpeed's elastic training, which zerorun does not implement; "
-        "remove the block or disable it"]
-    with pytest.warns(ConfigWarning, match="elasticity: is DeepSpeed's elastic training, which zerorun does not have"):
-        assert load_config({"elasticity": {"enabled": False}}) == load_config(None)
+        "<dict>: elasticity.max_train_batch_size: an enabled elasticity block needs max_train_batch_size; "
+        'add e.g. "max_train_batch_size": 2000, "micro_batch_sizes": [2, 4, 6]']
+    assert load_config({"elasticity": {"enabled": False}}) == load_config(None)
 
 
 def test_client_optimizer_with_config_optimizer_wins_with_a_warning() -> None:

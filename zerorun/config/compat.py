@@ -56,7 +56,6 @@ def _size_above_one(*path: str) -> Callable[[Any], bool]:
 
 
 FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "elasticity": ("elastic training", _enabled_anywhere),
     "data_efficiency": ("data efficiency (curriculum sampling, random-LTD)", _enabled_anywhere),
     "curriculum_learning": ("curriculum learning", _enabled_anywhere),
     "compression_training": ("compression training", _enabled_anywhere),

@@ -16,6 +16,7 @@ from zerorun.config.aliases import rewrite
 from zerorun.config.auto import resolve_auto
 from zerorun.config.batch import BatchError, implied_world_size, resolve_batch
 from zerorun.config.compat import strip_compat
+from zerorun.config.elastic_apply import apply_elasticity
 from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.provenance import Origin, trace
 from zerorun.config.read import read_source
@@ -127,7 +128,7 @@ def inspect_config(
     _check_size("world_size", world_size)
     _check_size("hidden_size", hidden_size)
     raw, origin = read_source(source)
-    problems = strip_compat(raw) + strip_dotted(raw)
+    problems = apply_elasticity(raw, world_size) + strip_compat(raw) + strip_dotted(raw)
     renamed = rewrite(raw)
     problems += renamed.problems
     given = frozenset(keys.leaves(raw)) - set(renamed.renamed)
