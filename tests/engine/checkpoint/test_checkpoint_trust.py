@@ -200,3 +200,16 @@ def test_the_saved_rng_states_are_plain_data_and_restore_numpy(tmp_path: Path) -
     np.random.seed(6)
     state.restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))  # loads as data: no ndarray in it
     assert np.array_equal(np.random.rand(3), want)
+
+
+def test_numpy_values_load_as_data_as_older_checkpoints_hold_them(tmp_path: Path) -> None:
+    """Checkpoints saved before the RNG states became lists hold numpy's state as an ndarray; a client_state
+    may hold numpy scalars. Both are numbers: they load without the opt-in, through both readers."""
+    np = pytest.importorskip("numpy")
+    from zerorun.engine.checkpoint import safe_load
+
+    payload = {"rng": np.random.get_state(), "best": np.float64(0.25), "ids": np.arange(3, dtype=np.int32)}
+    torch.save(payload, tmp_path / "old.pt")
+    for loaded in (safe_load.load(tmp_path / "old.pt"), zero_to_fp32.load_data(tmp_path / "old.pt")):
+        assert np.array_equal(loaded["rng"][1], payload["rng"][1]) and loaded["best"] == 0.25
+        assert loaded["ids"].tolist() == [0, 1, 2]

@@ -62,13 +62,26 @@ def tag_dir(checkpoint_dir: str | os.PathLike[str], tag: str | None = None) -> P
     return path
 
 
+def _numpy_globals() -> list[Any]:
+    """numpy's array, dtype and scalar rebuilders: they build numbers, run no code (none without numpy)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    named = [(getattr(multiarray, f), f"numpy.{core}.multiarray.{f}") for f in ("_reconstruct", "scalar")
+             for core in ("core", "_core")]
+    return [np.ndarray, np.dtype, *named, *(getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType"))]
+
+
 def load_data(file: Path, trust: bool = False) -> Any:
     """``torch.load`` as data only (tensors, numbers, strings, containers): a checkpoint that pickles any
     other global - code unpickling would run - is refused; ``trust`` (a file you vouch for) allows it."""
     if trust:
         return torch.load(file, map_location="cpu", weights_only=False)
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_numpy_globals()):  # arrays of numbers (an RNG state)
+            return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         named = re.search(r"GLOBAL (\S+)", str(e))
         what = f"the global {named.group(1).rstrip('.')}" if named else "more than data"
