@@ -31,6 +31,7 @@ from zerorun.engine.checkpoint.manifest import (
     layout_differences,
     rank_file,
 )
+from zerorun.engine.checkpoint.resume_note import resume_line
 from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
@@ -208,5 +209,7 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
             engine.module.load_state_dict(extra, strict=False)
     if not load_module_only:
         state.restore(engine, files[own]["engine"], optimizer_states, load_lr_scheduler_states, load_rng_state)
+        if engine.ctx.rank == 0:  # a restarted run says where it picked up and what changed
+            print(resume_line(manifest, files[own]["engine"], engine), flush=True)
     engine.parts.grad_sync.zero()
     return str(path), client_state

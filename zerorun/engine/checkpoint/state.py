@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerorun.engine.checkpoint.resume_note import batch_facts
 from zerorun.engine.numerics import loss_scaler
 
 if TYPE_CHECKING:
@@ -70,21 +71,13 @@ def capture(engine: Engine) -> dict[str, Any]:
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
         "rng": capture_rng(),
         "data": _loader_state(engine),
+        "batch": batch_facts(engine),  # the next load says what changed (resume_note.py)
     }
 
 
 def _loader_state(engine: Engine) -> dict[str, Any] | None:
     loader = getattr(engine, "training_dataloader", None)
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
-
-
-def describe(saved: dict[str, Any]) -> str:
-    """Where a restored run continues, for the one line rank 0 prints at load."""
-    text = f"global step {saved['counters']['global_steps']}"
-    data = saved.get("data")
-    if data is not None:
-        text += f", epoch {data['epoch']} after {data['samples']} samples"
-    return text
 
 
 def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
@@ -105,5 +98,4 @@ def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, sched
     loader = getattr(engine, "training_dataloader", None)
     if saved.get("data") is not None and loader is not None and hasattr(loader, "load_state_dict"):
         loader.load_state_dict(saved["data"])
-    if engine.ctx.rank == 0:  # a restarted run says where it picked up (the launcher's log shows it)
-        print(f"[zerorun] resumed at {describe(saved)}", flush=True)
+
