@@ -35,6 +35,7 @@ from zerorun.heartbeat.state import PROGRESS, Phase, Progress
 FD_ENV = "ZERORUN_HEARTBEAT_FD"
 STACKS_FD_ENV = "ZERORUN_STACKS_FD"
 INTERVAL_ENV = "ZERORUN_HEARTBEAT_S"
+OFF_ENV = "ZERORUN_HEARTBEAT"
 STACK_SIGNAL = signal.SIGUSR2
 MAX_BEAT = 3800
 MAX_STEPS_PER_BEAT = 48
@@ -126,6 +127,8 @@ def start(env: dict[str, str] | os._Environ[str] = os.environ) -> Heartbeat | No
         return _CURRENT
     text = env.pop(FD_ENV, None)
     stacks_text = env.pop(STACKS_FD_ENV, None)
+    if env.get(OFF_ENV, "1").strip().lower() in ("0", "off", "no", "false"):
+        return None  # ZERORUN_HEARTBEAT=0: no heartbeat thread (the overhead benchmark's baseline)
     if not text or not text.isdigit():
         return None
     fd = int(text)

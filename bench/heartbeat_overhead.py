@@ -1,0 +1,99 @@
+"""The cost of watching a run: step time with the heartbeat off, on, and on with the collective
+order check (``ZERORUN_CHECK_COLLECTIVES=order``), at stages 0-3, launched by zerorun.
+
+    python bench/heartbeat_overhead.py --ranks 2 --steps 40 --repeats 2
+
+Each run trains a 4-layer MLP (hidden 1024, ~4.2M parameters, fp32, SGD) for ``--steps``
+steps on gloo; rank 0 prints the median step time of the steps after the first 5. The
+modes of one stage run interleaved (off, on, order, off, on, order, ...) so drift in the
+machine's load falls on each alike; the figure is the median over the repeats. The
+always-on part (each collective noting itself in the progress record) is in every mode:
+its cost per collective is timed alone, in-process, as ``trace_ns``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+RANK_SCRIPT = textwrap.dedent("""\
+    import json, os, statistics, sys, time
+    import torch
+    from torch import nn
+    import zerorun
+    stage, steps = int(sys.argv[1]), int(sys.argv[2])
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])
+    cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+           "zero_optimization": {"stage": stage}}
+    engine, *_ = zerorun.initialize(model=model, config=cfg)
+    x = torch.randn(8, 1024)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.backward(engine(x).square().mean()); engine.step()
+        times.append(time.perf_counter() - t0)
+    if int(os.environ["RANK"]) == 0:
+        print("RESULT " + json.dumps({"step_s": statistics.median(times[5:])}), flush=True)
+""")
+MODES = {"off": ["--env", "ZERORUN_HEARTBEAT=0"], "heartbeat": [],
+         "heartbeat+order": ["--env", "ZERORUN_CHECK_COLLECTIVES=order"]}
+
+
+def one(script: Path, ranks: int, stage: int, steps: int, mode: str) -> float:
+    argv = [sys.executable, "-m", "zerorun.cli", "--num_gpus", str(ranks), "--master_port", "auto", "--quiet", "--no_local_rank",
+            *MODES[mode], str(script), str(stage), str(steps)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True).stdout
+    line = next(x for x in out.splitlines() if "RESULT " in x)
+    return float(json.loads(line.split("RESULT ", 1)[1])["step_s"])
+
+
+def trace_ns(n: int = 200_000) -> float:
+    """Nanoseconds one collective spends noting itself (issue + complete + blocked time)."""
+    import torch
+
+    from zerorun.engine.comm import trace
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        start = time.perf_counter()
+        record = trace.issue("all_gather", 4096, torch.float32)
+        trace.blocked_since(start)
+        trace.complete(record)
+    return (time.perf_counter() - t0) / n * 1e9
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--stages", default="0,1,2,3")
+    args = p.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "rank.py"
+        script.write_text(RANK_SCRIPT)
+        for stage in map(int, args.stages.split(",")):
+            runs: dict[str, list[float]] = {m: [] for m in MODES}
+            for _ in range(args.repeats):
+                for mode in MODES:
+                    runs[mode].append(one(script, args.ranks, stage, args.steps, mode))
+            med = {m: statistics.median(v) for m, v in runs.items()}
+            results[f"stage {stage}"] = {**{m: round(v * 1000, 2) for m, v in med.items()},
+                                         **{f"{m} vs off %": round(100 * (med[m] / med["off"] - 1), 1)
+                                            for m in MODES if m != "off"}}
+            print(f"stage {stage}: " + json.dumps(results[f"stage {stage}"]), flush=True)
+    print(json.dumps({"ranks": args.ranks, "steps": args.steps, "repeats": args.repeats,
+                      "step_ms": results, "trace_ns_per_collective": round(trace_ns(), 1)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
