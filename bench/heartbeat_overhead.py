@@ -40,19 +40,32 @@ RANK_SCRIPT = textwrap.dedent("""\
         t0 = time.perf_counter()
         engine.backward(engine(x).square().mean()); engine.step()
         times.append(time.perf_counter() - t0)
+    calls = sum(row["calls"] for row in engine.comm_stats().values())
+    out = {"step_s": statistics.median(times[5:]), "collectives_per_step": calls / steps}
+    from zerorun.heartbeat.channel import beat
+    from zerorun.heartbeat.state import PROGRESS
+    t0 = time.perf_counter()
+    for _ in range(200):
+        json.dumps(beat(PROGRESS, True))
+    out["beat_us"] = (time.perf_counter() - t0) / 200 * 1e6
+    if engine.coll.order is not None:  # one check alone, on every rank (the same calls, so they agree)
+        t0 = time.perf_counter()
+        for i in range(200):
+            engine.coll.order.issue(10**6 + i, "all_gather", 4096, "fp32")
+        out["check_us"] = (time.perf_counter() - t0) / 200 * 1e6
     if int(os.environ["RANK"]) == 0:
-        print("RESULT " + json.dumps({"step_s": statistics.median(times[5:])}), flush=True)
+        print("RESULT " + json.dumps(out), flush=True)
 """)
 MODES = {"off": ["--env", "ZERORUN_HEARTBEAT=0"], "heartbeat": [],
          "heartbeat+order": ["--env", "ZERORUN_CHECK_COLLECTIVES=order"]}
 
 
-def one(script: Path, ranks: int, stage: int, steps: int, mode: str) -> float:
+def one(script: Path, ranks: int, stage: int, steps: int, mode: str) -> dict[str, float]:
     argv = [sys.executable, "-m", "zerorun.cli", "--num_gpus", str(ranks), "--master_port", "auto", "--quiet", "--no_local_rank",
             *MODES[mode], str(script), str(stage), str(steps)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True).stdout
     line = next(x for x in out.splitlines() if "RESULT " in x)
-    return float(json.loads(line.split("RESULT ", 1)[1])["step_s"])
+    return dict(json.loads(line.split("RESULT ", 1)[1]))
 
 
 def trace_ns(n: int = 200_000) -> float:
@@ -70,27 +83,39 @@ def trace_ns(n: int = 200_000) -> float:
     return (time.perf_counter() - t0) / n * 1e9
 
 
+def summarize(runs: dict[str, list[dict[str, float]]], beat_s: float) -> dict[str, float]:
+    """Measured step times (ms, median over repeats) per mode, and the overhead each part costs by
+    its own timing: a beat's cost once per ``beat_s``, a check's cost per collective of a step."""
+    med = {m: statistics.median(r["step_s"] for r in v) for m, v in runs.items()}
+    step_s, per_step = med["off"], runs["heartbeat+order"][0]["collectives_per_step"]
+    beat_us = statistics.median(r["beat_us"] for r in runs["heartbeat"])
+    check_us = statistics.median(r["check_us"] for r in runs["heartbeat+order"])
+    return {**{f"{m} ms": round(v * 1000, 2) for m, v in med.items()},
+            **{f"{m} vs off %": round(100 * (med[m] / med["off"] - 1), 1) for m in MODES if m != "off"},
+            "collectives/step": per_step, "beat us": round(beat_us, 1), "check us": round(check_us, 1),
+            "beat % of time": round(100 * beat_us * 1e-6 / beat_s, 3),
+            "check % of step": round(100 * per_step * check_us * 1e-6 / step_s, 1)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--beat_s", type=float, default=1.0, help="the heartbeat interval the ranks use (default 1 s)")
     args = p.parse_args()
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "rank.py"
         script.write_text(RANK_SCRIPT)
         for stage in map(int, args.stages.split(",")):
-            runs: dict[str, list[float]] = {m: [] for m in MODES}
+            runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
             for _ in range(args.repeats):
                 for mode in MODES:
                     runs[mode].append(one(script, args.ranks, stage, args.steps, mode))
-            med = {m: statistics.median(v) for m, v in runs.items()}
-            results[f"stage {stage}"] = {**{m: round(v * 1000, 2) for m, v in med.items()},
-                                         **{f"{m} vs off %": round(100 * (med[m] / med["off"] - 1), 1)
-                                            for m in MODES if m != "off"}}
-            print(f"stage {stage}: " + json.dumps(results[f"stage {stage}"]), flush=True)
+            results[f"stage {stage}"] = row = summarize(runs, args.beat_s)
+            print(f"stage {stage}: " + json.dumps(row), flush=True)
     print(json.dumps({"ranks": args.ranks, "steps": args.steps, "repeats": args.repeats,
                       "step_ms": results, "trace_ns_per_collective": round(trace_ns(), 1)}, indent=2))
 
