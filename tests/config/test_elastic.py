@@ -80,3 +80,18 @@ def test_batch_keys_beside_the_block_are_refused_unless_ignored() -> None:
         assert load_config(ignored, world_size=2).train_batch_size == 24
     with pytest.raises(ConfigError, match=r"world size 5 is not one of .*; run at 4 or 6"):
         load_config(ELASTIC, world_size=5)
+
+
+FIXED = {"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}  # world 3
+
+
+def test_a_restart_at_another_world_keeps_the_global_batch() -> None:
+    from zerorun.config import load_config
+    from zerorun.config.problems import ConfigError
+
+    with pytest.raises(ConfigError, match=r"24\) != .* world_size \(2\)"):  # without the flag: the triple is checked
+        load_config(FIXED, world_size=2)
+    cfg = load_config(FIXED, world_size=2, keep_global_batch=True)
+    assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (24, 4, 3)
+    with pytest.raises(ConfigError, match="cannot be kept at world 4; restart at 3 or 6 ranks"):
+        load_config(FIXED, world_size=4, keep_global_batch=True)

@@ -228,3 +228,28 @@ def nearest(worlds: list[int] | tuple[int, ...], world: int) -> str:
     above = [w for w in worlds if w > world]
     picks = ([max(below)] if below else []) + ([min(above)] if above else [])
     return " or ".join(str(w) for w in picks)
+
+
+def kept_batch_worlds(train_batch_size: int, micro_batch: int) -> list[int]:
+    """The worlds at which ``train_batch_size`` is a whole number of ``micro_batch`` steps per rank."""
+    if train_batch_size % micro_batch:
+        return []
+    steps = train_batch_size // micro_batch
+    return [w for w in range(1, steps + 1) if steps % w == 0]
+
+
+def keep_global_batch(train_batch_size: int, micro_batch: int, world_size: int) -> int:
+    """The accumulation that keeps ``train_batch_size`` at ``world_size`` (a restart without an elasticity block).
+
+    The micro batch stays (so does each micro-step's memory); only the accumulation changes.
+    A world it does not divide into is refused, naming the nearest that work.
+    """
+    worlds = kept_batch_worlds(train_batch_size, micro_batch)
+    if world_size not in worlds:
+        near = nearest(worlds, world_size)
+        raise ElasticError("train_batch_size", f"train_batch_size {train_batch_size} is not a whole number of "
+                           f"train_micro_batch_size_per_gpu ({micro_batch}) x world size ({world_size}), so the "
+                           f"global batch cannot be kept at world {world_size}",
+                           f"restart at {near} ranks" if near else "choose a train_batch_size that divides",
+                           kind="world")
+    return train_batch_size // (micro_batch * world_size)

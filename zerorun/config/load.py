@@ -16,6 +16,8 @@ from zerorun.config.aliases import rewrite
 from zerorun.config.auto import resolve_auto
 from zerorun.config.batch import BatchError, implied_world_size, resolve_batch
 from zerorun.config.compat import strip_compat
+from zerorun.config.elastic import ElasticError
+from zerorun.config.elastic import keep_global_batch as keep_global_batch_at
 from zerorun.config.elastic_apply import apply_elasticity
 from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.provenance import Origin, trace
@@ -50,10 +52,19 @@ def _check_size(name: str, value: int | None) -> None:
 
 
 def _derive_batch(
-    cfg: ZerorunConfig, world_size: int | None, batch_auto: list[str]
+    cfg: ZerorunConfig, world_size: int | None, batch_auto: list[str], keep_global_batch: bool = False
 ) -> tuple[ZerorunConfig, list[Problem], dict[str, str]]:
-    """Fill in the batch triple (with a world size) or check what can be checked without one."""
+    """Fill in the batch triple (with a world size) or check what can be checked without one.
+
+    ``keep_global_batch`` (an elastic restart): the accumulation is re-derived for this world.
+    """
     given = (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps)
+    if keep_global_batch and world_size is not None and given[0] is not None and given[1] is not None:
+        try:
+            keep_global_batch_at(given[0], given[1], world_size)
+        except ElasticError as err:
+            return cfg, [Problem(err.key, f"{err.message}; {err.hint}")], {}
+        given = (given[0], given[1], None)
     derived: dict[str, str] = {}
     notes: list[Problem] = []
     try:
@@ -122,9 +133,14 @@ def strip_dotted(data: dict[str, Any]) -> list[Problem]:
 
 
 def inspect_config(
-    source: Source, *, world_size: int | None = None, hidden_size: int | None = None
+    source: Source, *, world_size: int | None = None, hidden_size: int | None = None,
+    keep_global_batch: bool = False,
 ) -> LoadedConfig:
-    """Load ``source`` and report how every value was resolved; ``ConfigError`` lists all errors."""
+    """Load ``source`` and report how every value was resolved; ``ConfigError`` lists all errors.
+
+    ``keep_global_batch``: an elastic restart at another world keeps ``train_batch_size`` and the
+    micro batch and re-derives the accumulation (or is refused naming the worlds that would work).
+    """
     _check_size("world_size", world_size)
     _check_size("hidden_size", hidden_size)
     raw, origin = read_source(source)
@@ -138,7 +154,7 @@ def inspect_config(
     problems += schema_problems
     derived: dict[str, str] = {}
     if not invalid & set(BATCH_KEYS):
-        cfg, batch_problems, derived = _derive_batch(cfg, world_size, auto.batch_auto)
+        cfg, batch_problems, derived = _derive_batch(cfg, world_size, auto.batch_auto, keep_global_batch)
         problems += batch_problems
     cfg, overlap = _derive_overlap(cfg)
     derived.update(overlap)
@@ -160,7 +176,8 @@ def inspect_config(
 
 
 def load_config(
-    source: Source, *, world_size: int | None = None, hidden_size: int | None = None
+    source: Source, *, world_size: int | None = None, hidden_size: int | None = None,
+    keep_global_batch: bool = False,
 ) -> ZerorunConfig:
     """The validated config from a path (JSON/YAML), a dict, or None (all defaults).
 
@@ -169,7 +186,8 @@ def load_config(
     Warnings (deprecated names, keys with no effect) are issued as ``ConfigWarning``;
     every error is listed in one ``ConfigError``.
     """
-    loaded = inspect_config(source, world_size=world_size, hidden_size=hidden_size)
+    loaded = inspect_config(source, world_size=world_size, hidden_size=hidden_size,
+                            keep_global_batch=keep_global_batch)
     for problem in loaded.warnings:
         warnings.warn(ConfigWarning(problem.render(loaded.origin)), stacklevel=2)
     return loaded.config

@@ -211,6 +211,10 @@ def initialize(model: nn.Module | None = None, optimizer: OptimizerArg | None = 
         raise EngineError(rank_prefixed(ctx.rank, e.message), e.hint) from e
 
 
+ELASTIC_ENV = "ZERORUN_ELASTIC"
+"""Set to 1 by an elastic launch (``--nnodes MIN:MAX``) or by hand: keep train_batch_size across world sizes."""
+
+
 def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | None,
                 model_parameters: Params | None, config: Source, lr_scheduler: SchedulerArg | None,
                 training_data: Dataset[Any] | None, collate_fn: Callable[..., Any] | None,
@@ -220,7 +224,9 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
 
     source = resolve_config_source(config, args)
     source = trial_config(source)  # `zerorun autotune`: the trial's knobs over the user's config
-    cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model))
+    # ZERORUN_ELASTIC (set by an elastic launch): a restart at another world keeps the global batch
+    cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model),
+                      keep_global_batch=os.environ.get(ELASTIC_ENV) == "1")
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
     # the bootstrap's group at world 1 too: its backend decides the policy (NCCL's buckets on one GPU)
