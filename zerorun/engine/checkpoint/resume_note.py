@@ -24,16 +24,14 @@ def batch_facts(engine: Engine) -> dict[str, int]:
 
 
 def changes(manifest: Manifest, saved: dict[str, Any], engine: Engine) -> list[str]:
+    was = {"world size": manifest.world_size, "stage": manifest.stage, **(saved.get("batch") or {})}
+    now = {"world size": engine.ctx.world_size, "stage": engine.zero_stage, **batch_facts(engine)}
+    labels = {"world size": "world size", "stage": "stage", "train_batch_size": "global batch",
+              "gradient_accumulation_steps": "accumulation", "train_micro_batch_size_per_gpu": "micro batch"}
     found = []
-    if manifest.world_size != engine.ctx.world_size:
-        found.append(f"world size {manifest.world_size} -> {engine.ctx.world_size} (shards resharded)")
-    if manifest.stage != engine.zero_stage:
-        found.append(f"stage {manifest.stage} -> {engine.zero_stage}")
-    was, now = saved.get("batch") or {}, batch_facts(engine)
-    for key, label in (("train_batch_size", "global batch"), ("gradient_accumulation_steps", "accumulation"),
-                       ("train_micro_batch_size_per_gpu", "micro batch")):
+    for key, label in labels.items():  # facts, not behaviour: each difference is reported alike
         if key in was and was[key] != now[key]:
-            found.append(f"{label} {was[key]} -> {now[key]}")
+            found.append(f"{label} {was[key]} -> {now[key]}" + (" (shards resharded)" if key == "world size" else ""))
     return found
 
 
