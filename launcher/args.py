@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--launcher_args", default="", help="extra arguments for pdsh/srun/mpirun, one quoted string")
     r.add_argument("--ssh_port", type=int, help="ssh port on every host")
     r.add_argument("--ssh_args", help="extra ssh arguments for every ssh (also pdsh's), e.g. '-F conf -i key'; env ZERORUN_SSH_ARGS")
-    r.add_argument("--no_ssh_check", action="store_true", help="skip the preflight checks of the remote hosts")
+    r.add_argument("--no_ssh_check", "--no_preflight", dest="no_ssh_check", action="store_true",
+                   help="skip the preflight checks of the remote hosts (ssh, versions, master address and port)")
     e = p.add_argument_group("what the ranks get")
     e.add_argument("--env", action="append", default=[], metavar="K=V", help="export K=V to every rank (repeatable)")
     e.add_argument("--env_file", help="dotenv file to export (after ~/.zerorun_env, ./.zerorun_env, .deepspeed_env)")

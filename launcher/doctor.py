@@ -33,6 +33,7 @@ from launcher.doctor_checks import (
     version_findings,
 )
 from launcher.errors import LaunchError
+from launcher.master import is_here
 from launcher.plan import LaunchPlan, NodePlan
 from launcher.runners import RunnerKind, SshOptions, ssh_target
 
@@ -175,7 +176,9 @@ def _judge(plan: LaunchPlan, report: HostReport, ref: HostReport | None, port_fr
         skew = clock_finding(host, report.clock_offset, report.seconds / 2)
         found += [skew] if skew else []
     ifname_env = {k: v for k, v in plan.env if k in IFNAME_VARS}
-    net = network_findings(host, facts, plan.master_addr, plan.master_port, report.node_rank == 0, ifname_env)
+    master_node = plan.nodes[0].address
+    with_master = report.node_rank == 0 or (is_here(master_node) and is_here(plan.nodes[report.node_rank].address))
+    net = network_findings(host, facts, plan.master_addr, plan.master_port, with_master, ifname_env)
     found += [f for f in net if port_free or f.problem not in (Problem.PORT_REFUSED, Problem.PORT_TIMEOUT)]
     return HostReport(report.host, report.node_rank, report.slots, facts, tuple(found), report.seconds,
                       report.clock_offset)

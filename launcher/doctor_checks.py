@@ -139,14 +139,16 @@ def ifname_matches(name: str, spec: str) -> bool:
     return hit != exclude
 
 
-def network_findings(host: str, facts: Facts, master: str, port: int, is_master: bool,
+def network_findings(host: str, facts: Facts, master: str, port: int, with_master: bool,
                      ifname_env: Mapping[str, str]) -> list[Finding]:
-    """The master as ``host`` resolves it, its route there, the interface the user named, the port."""
+    """The master as ``host`` resolves it, its route there, the interface the user named, the port.
+
+    ``with_master``: ``host`` is the master's machine (there a loopback master is fine)."""
     net = facts["network"]
     if not net.get("resolved"):
         return [Finding(host, Problem.NAME_RESOLUTION, f"{host}: {net.get('error')}",
                         f"make {master} resolve on every host (/etc/hosts or DNS), or give --master_addr as an address")]
-    if not is_master and any(is_loopback(a) for a in net["resolved"]):
+    if not with_master and any(is_loopback(a) for a in net["resolved"]):
         return [Finding(host, Problem.MASTER_LOOPBACK, f"{host} resolves the master {master} to {net['resolved']}: "
                         "its ranks would connect to themselves",
                         f"fix {master}'s entry in {host}'s /etc/hosts (a 127.0.1.1 line), or pass --master_addr as an address")]

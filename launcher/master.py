@@ -37,10 +37,14 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
+def is_here(addr: str) -> bool:
+    """Whether ``addr`` names this machine: a loopback literal or one of its host names."""
+    return is_loopback(addr) or addr.lower() in {socket.gethostname().lower(), socket.getfqdn().lower()}
+
+
 def remote_nodes(nodes: Sequence[NodeSlots]) -> list[str]:
     """The addresses of nodes that are not this machine (not loopback, not its host names)."""
-    here = {socket.gethostname().lower(), socket.getfqdn().lower()}
-    return [n.host.address for n in nodes if not is_loopback(n.host.address) and n.host.address.lower() not in here]
+    return [n.host.address for n in nodes if not is_here(n.host.address)]
 
 
 def check_explicit(master_addr: str, nodes: Sequence[NodeSlots]) -> None:

@@ -2,7 +2,11 @@
 
 Each host must be reachable (BatchMode, ConnectTimeout), have the working
 directory, and run the same Python and zerorun versions as this machine. ssh's own
-error text is shown for a host that fails.
+error text is shown for a host that fails. A multi-node launch then runs the cheap
+part of the doctor (launcher/doctor.py: versions across hosts, the master as each
+host resolves it, its route and the master port, free and reachable), so a job that
+cannot rendezvous fails here, not after the backend's timeout. ``--no_ssh_check``
+(also spelt ``--no_preflight``) skips both.
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import platform
 import shlex
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 
+from launcher.doctor import check_hosts
 from launcher.errors import PreflightError
 from launcher.plan import LaunchPlan
-from launcher.runners import SshOptions, ssh_target
+from launcher.runners import RunnerKind, SshOptions, ssh_target
 
 TAG = "zerorun-preflight"
 _PROBE = (
@@ -88,4 +94,22 @@ def preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
             "preflight failed before any rank started:\n  " + "\n  ".join(problems),
             "fix ssh access (passwordless, BatchMode), install the same Python/zerorun in the same path, "
             "or skip the checks with --no_ssh_check",
+        )
+    if len(plan.nodes) > 1:
+        network_preflight(plan, ssh)
+
+
+def network_preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
+    """The doctor's checks of a multi-node plan; raise PreflightError with every error's class and fix."""
+    report = check_hosts(plan, RunnerKind.SSH, ssh)
+    for f in report.findings:
+        if not f.error:
+            print(f"zerorun: warning: [{f.problem.value}] {f.message} (fix: {f.fix})", file=sys.stderr)
+    errors = [f for f in report.findings if f.error]
+    if errors:
+        raise PreflightError(
+            "preflight failed before any rank started:\n  "
+            + "\n  ".join(f"[{f.problem.value}] {f.message}\n    fix: {f.fix}" for f in errors),
+            "fix the above (`zerorun doctor` with the same hostfile shows every check), or skip the checks "
+            "with --no_preflight",
         )
