@@ -132,11 +132,11 @@ class Collectives:
     def _live(self) -> bool:
         return self.group is not None and (self.world_size > 1 or self.live_at_one)
 
-    def _issue(self, kind: str, numel: int, dtype: torch.dtype) -> tuple[trace.Record, float]:
+    def _issue(self, kind: str, numel: int, dtype: torch.dtype, label: str | None = None) -> tuple[trace.Record, float]:
         """Number a collective for the heartbeat and, in the order check, compare it across ranks
         first; the time from here to its completion is time blocked (the check's exchange too)."""
         start = time.perf_counter()
-        record = trace.issue(kind, numel, dtype)
+        record = trace.issue(kind, numel, dtype, label)
         if self.order is not None:
             self.order.issue(*record)
         return record, start
@@ -230,12 +230,14 @@ class Collectives:
         return self._exchange(ops, lambda: shm.add_chunks(mine, received), async_op)
 
     @_opaque_to_compile
-    def all_gather(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
-        """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place)."""
+    def all_gather(self, flat: torch.Tensor, *, async_op: bool = False, label: str | None = None) -> Pending:
+        """Fill every chunk of ``flat`` from its owner rank; this rank's chunk is the input (in place).
+
+        ``label``: what the gather is for (a stage-3 unit's name), shown in a stall verdict."""
         self.counter.add("all_gather", flat)
         if not self._live():
             return Pending(None)
-        record, start = self._issue("all_gather", flat.numel(), flat.dtype)
+        record, start = self._issue("all_gather", flat.numel(), flat.dtype, label)
         if async_op and "deferred" in self.checks:
             return Pending(defer("all_gather", flat, lambda t: self._all_gather(t, True))).traced(record, start)
         return self._all_gather(flat, async_op).traced(record, start)

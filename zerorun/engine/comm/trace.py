@@ -27,9 +27,10 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def issue(kind: str, numel: int, dtype: torch.dtype) -> Record:
-    """Number the next collective and note it as the last issued."""
+def issue(kind: str, numel: int, dtype: torch.dtype, label: str | None = None) -> Record:
+    """Number the next collective and note it as the last issued (``label``: what it is for)."""
     PROGRESS.seq += 1
+    PROGRESS.label = label
     record = (PROGRESS.seq, kind, numel, dtype_name(dtype))
     PROGRESS.issued = record
     return record

@@ -145,7 +145,7 @@ class PartitionedBucket(FlatBucket):
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
             self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
-        self._pending = self.coll.all_gather(full, async_op=True)
+        self._pending = self.coll.all_gather(full, async_op=True, label=self.name)  # the name a stall verdict shows
 
     def wait(self) -> None:
         """IN_FLIGHT -> GATHERED: the buffer is complete; the parameters become views of it."""
