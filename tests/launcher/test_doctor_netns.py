@@ -1,0 +1,152 @@
+"""The doctor with real network separation: two "hosts" are Linux network namespaces the
+test creates (``m``: 10.77.1.1, ``b``: 10.77.1.2, joined by a veth pair; ``b`` also has a
+veth 10.77.9.2 whose peer leads nowhere), each running its own sshd. The doctor runs
+inside ``m`` as a user would on the master. Checked: a clean verdict, an interface that
+does not route (found, and the right one suggested), a port dropped by nftables on the
+master (blocked, timed out; the only finding, so the rest is clean), and a loopback first node replaced by the real route's
+address. Traffic stays inside the namespaces. Skips, with the reason, where namespaces
+cannot be made (not root, no `ip`, no permission)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+ADDRS = {"m": "10.77.1.1", "b": "10.77.1.2"}
+
+
+@dataclass(frozen=True)
+class Netns:
+    names: dict[str, str]
+    key: Path
+
+    def run(self, where: str, *argv: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.names[where], *argv], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def ssh_args(self) -> list[str]:
+        opts = f"-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -i {self.key}"
+        return ["--launcher", "ssh", "--ssh_args", opts]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _sshd(root: Path, ns: str, addr: str) -> subprocess.Popen[bytes]:
+    config = root / f"sshd_{addr}"
+    config.write_text("\n".join([
+        "Port 22", f"ListenAddress {addr}", f"HostKey {root / 'host_key'}",
+        f"AuthorizedKeysFile {root / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+        f"PidFile {root / ('pid_' + addr)}", "MaxStartups 100", "",
+    ]))
+    return subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(config), "-E", str(root / f"log_{addr}")])
+
+
+def _make(names: dict[str, str]) -> None:
+    for ns in names.values():
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "set", "lo", "up")
+    m, b = names["m"], names["b"]
+    _ip("-n", m, "link", "add", "vm0", "type", "veth", "peer", "name", "vb0", "netns", b)
+    _ip("-n", m, "addr", "add", f"{ADDRS['m']}/24", "dev", "vm0")
+    _ip("-n", b, "addr", "add", f"{ADDRS['b']}/24", "dev", "vb0")
+    _ip("-n", b, "link", "add", "dum0", "type", "veth", "peer", "name", "dum1")  # leads nowhere (no dummy driver everywhere)
+    _ip("-n", b, "addr", "add", "10.77.9.2/24", "dev", "dum0")
+    for ns, dev in ((m, "vm0"), (b, "vb0"), (b, "dum0"), (b, "dum1")):
+        _ip("-n", ns, "link", "set", dev, "up")
+
+
+@pytest.fixture(scope="module")
+def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Netns]:
+    if os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists(SSHD):
+        pytest.skip("network namespaces need root, iproute2 and openssh-server")
+    names = {k: f"zr{k}{os.getpid()}" for k in ADDRS}
+    try:
+        _make(names)
+    except subprocess.CalledProcessError as err:
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        pytest.skip(f"cannot create network namespaces here: {err.stderr.strip()}")
+    root = tmp_path_factory.mktemp("netns")
+    for name in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
+    (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    procs = [_sshd(root, names[k], addr) for k, addr in ADDRS.items()]
+    try:
+        env = Netns(names, root / "user_key")
+        deadline = time.monotonic() + 15
+        probe = "import socket,sys; socket.create_connection((sys.argv[1], 22), timeout=0.5).close()"
+        for addr in ADDRS.values():
+            while env.run("m", sys.executable, "-c", probe, addr, cwd=root).returncode != 0:
+                assert time.monotonic() < deadline, f"sshd on {addr} did not start"
+                time.sleep(0.1)
+        yield env
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+        for ns in names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _doctor(env: Netns, tmp_path: Path, *extra: str, hosts: str = "10.77.1.1 slots=1\n10.77.1.2 slots=1\n") -> dict:
+    (tmp_path / "hostfile").write_text(hosts)
+    out = env.run("m", sys.executable, "-m", "zerorun.cli", "doctor", "-H", "hostfile", *env.ssh_args(),
+                  "--master_port", "29531", "--json", *extra, cwd=tmp_path)
+    data = json.loads(out.stdout)
+    assert out.returncode == (0 if data["ok"] else 1), out.stderr
+    return data
+
+
+def test_the_interface_that_routes_and_one_that_does_not(netns: Netns, tmp_path: Path) -> None:
+    data = _doctor(netns, tmp_path, "--env", "GLOO_SOCKET_IFNAME=dum0")
+    routes = {h["host"]: h["facts"]["network"]["route"] for h in data["hosts"]}
+    assert routes["10.77.1.2"]["interface"] == "vb0" and routes["10.77.1.2"]["source"] == "10.77.1.2"
+    assert routes["10.77.1.1"]["interface"] == "vm0" and routes["10.77.1.2"]["mtu"] == 1500
+    assert data["ifname_suggestion"] == "vb0,vm0"
+    assert not data["ok"]  # the one error: the interface named does not route (everything else is clean)
+    assert [(f["host"], f["class"]) for f in data["findings"]] == [("10.77.1.1", "wrong_interface"),
+                                                                   ("10.77.1.2", "wrong_interface")]
+    wrong = data["findings"][1]
+    assert "GLOO_SOCKET_IFNAME=dum0, but the route to the master 10.77.1.1 leaves by vb0 (10.77.1.2)" in wrong["message"]
+    assert wrong["fix"].startswith("set GLOO_SOCKET_IFNAME=vb0")
+
+
+def test_a_port_dropped_on_the_master_is_blocked(netns: Netns, tmp_path: Path) -> None:
+    if not shutil.which("nft"):
+        pytest.skip("needs nftables (Debian's nftables package)")
+    m = netns.names["m"]
+    rules = ("add table inet zrtest\n"
+             "add chain inet zrtest input { type filter hook input priority 0 ; }\n"
+             "add rule inet zrtest input ip saddr 10.77.1.2 tcp dport 29531 drop\n")
+    subprocess.run(["ip", "netns", "exec", m, "nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        data = _doctor(netns, tmp_path)
+    finally:
+        subprocess.run(["ip", "netns", "exec", m, "nft", "delete", "table", "inet", "zrtest"], check=True)
+    assert not data["ok"]
+    assert [(f["host"], f["class"]) for f in data["findings"]] == [("10.77.1.2", "port_blocked")]
+    assert "timed out" in data["findings"][0]["message"]
+
+
+def test_a_loopback_first_node_becomes_the_routed_address(netns: Netns, tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("localhost slots=1\n10.77.1.2 slots=1\n")
+    out = netns.run("m", sys.executable, "-m", "zerorun.cli", "-H", "hostfile", *netns.ssh_args(), "--dry-run", "--json",
+                    "t.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["master_addr"] == "10.77.1.1"
+    assert "zerorun: master 10.77.1.1 instead of localhost" in out.stderr
