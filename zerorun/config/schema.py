@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
+from zerorun.config.dtypes import dtype_choice
 from zerorun.config.schema_blocks import (
     ActivationCheckpointingConfig,
     AioConfig,
@@ -24,9 +25,9 @@ from zerorun.config.schema_blocks import (
     TorchAutocastConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, choice
+from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever
 
-CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(choice("fp32", "fp16", "bf16"))]
+CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_choice("fp32", "fp16", "bf16"))]
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -91,7 +92,7 @@ class ZerorunConfig(Block):
         default_factory=CheckpointConfig, description="Checkpoint behaviour."
     )
     communication_data_type: CommDtype | None = Field(
-        None, description="dtype of gradient collectives (fp32, fp16, bf16); none: the training dtype."
+        None, description="dtype of gradient collectives (fp32, fp16, bf16, any DeepSpeed spelling); none: the training dtype."
     )
     prescale_gradients: Bool = Field(
         False, description="Divide gradients by the world size before reducing them."

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
+from zerorun.config.dtypes import dtype_choice
 from zerorun.config.schema_zero import Block
 from zerorun.config.suggest import did_you_mean
 from zerorun.config.values import (
@@ -77,6 +78,10 @@ class Fp16Config(Block):
     )
 
 
+AutocastDtype = Annotated[Literal["bf16", "fp16"], BeforeValidator(dtype_choice("bf16", "fp16"))]
+AnyDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_choice("fp32", "fp16", "bf16"))]
+
+
 class Bf16Config(Block):
     """bf16 mixed precision (no loss scaling needed)."""
 
@@ -86,9 +91,11 @@ class Bf16Config(Block):
     )
     check_grad_overflow: Bool = Field(True, description="Check bf16 gradients for inf/nan.")
     bf16_master_weights_and_grads: Bool = Field(
-        False, description="Keep master weights and gradients in bf16."
+        False, description="Keep master weights and gradients in bf16 (ZeRO stage 1-3)."
     )
-    bf16_optimizer_states: Bool = Field(False, description="Keep optimizer states in bf16.")
+    bf16_optimizer_states: Bool = Field(
+        False, description="Keep optimizer states in bf16 (needs bf16_master_weights_and_grads)."
+    )
 
 
 class TorchAutocastConfig(Block):
@@ -96,7 +103,8 @@ class TorchAutocastConfig(Block):
     and gradients; the forward runs under ``torch.autocast`` in ``dtype``."""
 
     enabled: Bool = Field(False, description="Run the engine's forward under torch.autocast.")
-    dtype: Str | None = Field(None, description="bfloat16 (fp16 is refused); none: torch's default for the device.")
+    dtype: AutocastDtype | None = Field(
+        None, description="bf16 (also bfloat16, torch.bfloat16; fp16 is refused); none: bf16.")
     lower_precision_safe_modules: list[str] | None = Field(
         None, description="Modules whose gradients DeepSpeed reduces in the autocast dtype; zerorun reduces in fp32."
     )
@@ -112,7 +120,7 @@ class AmpConfig(Block):
     max_loss_scale: Float | None = Field(None, description="apex maximum loss scale.")
     keep_batchnorm_fp32: Bool | None = Field(None, description="apex: keep batch norm in fp32.")
     master_weights: Bool | None = Field(None, description="apex: keep fp32 master weights.")
-    cast_model_type: Str | None = Field(None, description="apex: dtype to cast the model to.")
+    cast_model_type: AnyDtype | None = Field(None, description="apex: dtype to cast the model to (any spelling).")
     patch_torch_functions: Bool | None = Field(None, description="apex: patch torch functions.")
     verbosity: Int | None = Field(None, description="apex verbosity.")
 
