@@ -59,23 +59,32 @@ def test_amp_is_rejected_when_enabled() -> None:
     assert load_config({"amp": {"enabled": False, "opt_level": "O2"}}).amp.opt_level == "O2"
 
 
-def test_low_precision_masters_and_optimizer_states_are_refused() -> None:
-    why = ("is not supported: zerorun keeps the master weights, their gradients and the optimizer state in fp32 "
-           "(16 bytes per parameter, see `zerorun estimate`); remove it or set it to false")
+def test_bf16_masters_follow_deepspeeds_rules() -> None:
+    both = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    assert load_config({"zero_optimization": {"stage": 3}, "bf16": both}).bf16.bf16_optimizer_states
     assert errors({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}
-                  ) == [f"<dict>: fp16.fp16_master_weights_and_grads: {why}"]
-    assert errors({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
-                  ) == [f"<dict>: bf16.bf16_master_weights_and_grads: {why}", f"<dict>: bf16.bf16_optimizer_states: {why}"]
+                  ) == ["<dict>: fp16.fp16_master_weights_and_grads: is not supported: fp16 masters lose updates "
+                        "under loss scaling; use bf16 with bf16.bf16_master_weights_and_grads, or remove it"]
+    assert errors({"bf16": both}) == [
+        "<dict>: bf16.bf16_master_weights_and_grads: needs zero_optimization.stage 1, 2 or 3 (as in DeepSpeed), "
+        "but stage is 0"]
+    assert errors({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True, "bf16_optimizer_states": True}}) == [
+        "<dict>: bf16.bf16_optimizer_states: needs bf16.bf16_master_weights_and_grads: true (as in DeepSpeed)"]
+    assert errors({"zero_optimization": {"stage": 1}, "bf16": {"bf16_master_weights_and_grads": True,
+                                                              "bf16_optimizer_states": True}}) == [
+        "<dict>: bf16.bf16_master_weights_and_grads: needs bf16.enabled: true"]
 
 
-def test_torch_autocast_is_bfloat16_over_fp32_parameters() -> None:
-    assert load_config({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}).torch_autocast.enabled
+def test_torch_autocast_is_bfloat16_over_fp32_or_bf16_parameters() -> None:
+    assert load_config({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}).torch_autocast.dtype == "bf16"
     assert errors({"torch_autocast": {"enabled": True, "dtype": "float16"}}) == [
-        "<dict>: torch_autocast.dtype: 'float16' is not supported: zerorun runs autocast in bfloat16 only (fp16 "
-        "autocast needs a gradient scaler); set it to bfloat16"]
-    assert errors({"torch_autocast": {"enabled": True}, "bf16": {"enabled": True}}) == [
-        "<dict>: torch_autocast.enabled: cannot be combined with fp16.enabled or bf16.enabled: autocast keeps fp32 "
-        "parameters; enable one of them"]
+        "<dict>: torch_autocast.dtype: fp16 is not supported: zerorun runs autocast in bfloat16 only (fp16 "
+        "autocast needs a gradient scaler); set it to bf16"]
+    both = load_config({"torch_autocast": {"enabled": True, "dtype": "torch.bfloat16"}, "bf16": {"enabled": True}})
+    assert both.torch_autocast.enabled and both.bf16.enabled
+    assert errors({"torch_autocast": {"enabled": True}, "fp16": {"enabled": True}}) == [
+        "<dict>: torch_autocast.enabled: cannot be combined with fp16.enabled (fp16 autocast needs a gradient "
+        "scaler); use bf16.enabled, or neither"]
 
 
 def test_stage3_keys_below_stage3_warn() -> None:

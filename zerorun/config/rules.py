@@ -90,35 +90,45 @@ def offload_optimizer_needs_zero(cfg: ZerorunConfig, given: frozenset[str]) -> l
     return problems
 
 
-LOW_PRECISION_MASTERS = ("fp16.fp16_master_weights_and_grads", "bf16.bf16_master_weights_and_grads",
-                         "bf16.bf16_optimizer_states")
-
-
-def low_precision_masters_refused(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
-    """16-bit masters, gradients or optimizer state: the engine keeps them in fp32, so asking is an error."""
-    flags = {"fp16.fp16_master_weights_and_grads": cfg.fp16.fp16_master_weights_and_grads,
-             "bf16.bf16_master_weights_and_grads": cfg.bf16.bf16_master_weights_and_grads,
-             "bf16.bf16_optimizer_states": cfg.bf16.bf16_optimizer_states}
-    return [
-        Problem(path, "is not supported: zerorun keeps the master weights, their gradients and the optimizer "
-                      "state in fp32 (16 bytes per parameter, see `zerorun estimate`); remove it or set it to false")
-        for path, on in flags.items()
-        if on
-    ]
+def low_precision_masters(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """bf16 masters, gradients and moments as DeepSpeed 0.19.8 allows them (``runtime/config.py``: ZeRO
+    stage 1-3, optimizer states only with the masters); fp16 masters stay refused."""
+    bf16, stage = cfg.bf16, cfg.zero_optimization.stage
+    problems = []
+    if cfg.fp16.fp16_master_weights_and_grads:
+        problems.append(Problem("fp16.fp16_master_weights_and_grads",
+                                "is not supported: fp16 masters lose updates under loss scaling; "
+                                "use bf16 with bf16.bf16_master_weights_and_grads, or remove it"))
+    if bf16.bf16_master_weights_and_grads:
+        if not bf16.enabled:
+            problems.append(Problem("bf16.bf16_master_weights_and_grads", "needs bf16.enabled: true"))
+        if stage == 0:
+            problems.append(Problem("bf16.bf16_master_weights_and_grads",
+                                    f"needs {ZERO}.stage 1, 2 or 3 (as in DeepSpeed), but stage is 0"))
+        if not bf16.bf16_optimizer_states:
+            problems.append(Problem("bf16.bf16_master_weights_and_grads",
+                                    "without bf16.bf16_optimizer_states is not supported: zerorun keeps the "
+                                    "optimizer state in the masters' dtype; set bf16_optimizer_states: true"))
+    elif bf16.bf16_optimizer_states:
+        problems.append(Problem("bf16.bf16_optimizer_states",
+                                "needs bf16.bf16_master_weights_and_grads: true (as in DeepSpeed)"))
+    return problems
 
 
 def torch_autocast_rules(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """Autocast alone keeps fp32 parameters; with bf16.enabled the parameters are bf16 and the forward still
+    runs under autocast (DeepSpeed 0.19.8 combines them the same way)."""
     auto = cfg.torch_autocast
     if not auto.enabled:
         return []
     problems = []
-    if cfg.fp16.enabled or cfg.bf16.enabled:
-        problems.append(Problem("torch_autocast.enabled", "cannot be combined with fp16.enabled or bf16.enabled: "
-                                                          "autocast keeps fp32 parameters; enable one of them"))
-    if auto.dtype is not None and auto.dtype.lower() not in ("bfloat16", "bf16"):
-        problems.append(Problem("torch_autocast.dtype", f"{auto.dtype!r} is not supported: zerorun runs autocast in "
+    if cfg.fp16.enabled:
+        problems.append(Problem("torch_autocast.enabled", "cannot be combined with fp16.enabled (fp16 autocast "
+                                                          "needs a gradient scaler); use bf16.enabled, or neither"))
+    if auto.dtype == "fp16":
+        problems.append(Problem("torch_autocast.dtype", "fp16 is not supported: zerorun runs autocast in "
                                                         "bfloat16 only (fp16 autocast needs a gradient scaler); "
-                                                        "set it to bfloat16"))
+                                                        "set it to bf16"))
     return problems
 
 
@@ -142,7 +152,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.offload_optimizer", f"{ZERO}.offload_param"), nvme_needs_path),
     ((f"{ZERO}.stage", f"{ZERO}.offload_param"), offload_param_needs_stage3),
     ((f"{ZERO}.stage", f"{ZERO}.offload_optimizer"), offload_optimizer_needs_zero),
-    (("fp16", "bf16"), low_precision_masters_refused),
+    (("fp16", "bf16", f"{ZERO}.stage"), low_precision_masters),
     (("torch_autocast", "fp16.enabled", "bf16.enabled"), torch_autocast_rules),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
     ((), keys_without_effect),

@@ -112,7 +112,7 @@ def _unit_masters(layout: Layout, coordinator: GatherCoordinator, precision: Pre
     """Masters over the resting shards (the unit layout already cast them); a resting shard may be offloaded."""
     offloaded = any(p is not None and p.enabled for p in (offload, param_offload))  # then a separate copy
     inner = PartitionedMasters(layout.buckets, alias=precision.master_is_alias and not offloaded,
-                               coordinator=coordinator)
+                               coordinator=coordinator, dtype=precision.master_dtype)
     if param_offload is not None and param_offload.enabled:
         inner.param_offload = ParamOffload(param_offload, layout.buckets)
     return wrap_masters(inner, offload, optimizer), inner.param_offload

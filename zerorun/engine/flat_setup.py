@@ -57,9 +57,9 @@ def streamed_buckets(groups: list[list[nn.Parameter]], coll: Collectives, device
                 if alias:
                     masters.append(owned)
                 elif home is not None:
-                    masters.append(home.host_copy(owned, torch.float32))
+                    masters.append(home.host_copy(owned, precision.master_dtype))
                 else:
-                    masters.append(owned.detach().clone().float())
+                    masters.append(owned.detach().clone().to(precision.master_dtype))
                 del owned  # else it keeps this bucket's fp32 buffer alive while the next one is made
             b.cast_(precision.compute_dtype)
             buckets.append(b)

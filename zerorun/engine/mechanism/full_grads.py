@@ -28,7 +28,7 @@ class FullGradSync(GradSyncBase):
         # stage 1: buckets whose owned chunk holds a reduce-scatter result since the last zero(); their
         # params' .grad are detached (None) so that a second backward pass does not add into that chunk
         self.reduced = [False] * len(buckets)
-        self.accum = ShardAccumulator(buckets, eager=False)  # the earlier reductions of a repeated backward
+        self.accum = ShardAccumulator(buckets, eager=False, dtype=policy.accum_dtype)  # the earlier reductions of a repeated backward
 
     def attach_views(self) -> None:
         """Make each ``param.grad`` a view of its bucket's gradient buffer (accumulated in place)."""

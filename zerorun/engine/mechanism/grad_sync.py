@@ -93,6 +93,8 @@ class ReducePolicy:
     # stage 2: elements of staging buffers the backward may hold at once (filling or in flight).
     # None: one bucket, two with overlap_comm.
     staging_numel: int | None = None
+    # the gradient shard's dtype (the masters'): fp32, or bf16 with bf16.bf16_master_weights_and_grads
+    accum_dtype: torch.dtype = torch.float32
 
 
 class _Tracker:

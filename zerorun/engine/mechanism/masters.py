@@ -36,13 +36,13 @@ def _plain_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 class MasterShards:
     def __init__(self, buckets: list[FlatBucket], sharded: bool, alias: bool, overlap_gather: bool = False,
-                 masters: list[torch.Tensor] | None = None) -> None:
+                 masters: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32) -> None:
         """Create masters from the buckets' current (fp32) data; call before casting the buckets.
 
         ``masters``: their data taken already, bucket by bucket (stages 0-2's streamed set-up,
         :mod:`zerorun.engine.flat_setup`), then the buckets may be cast already.
         ``overlap_gather``: all-gather each bucket while the next one steps (the engine sets it
-        on CUDA, see :meth:`step`).
+        on CUDA, see :meth:`step`). ``dtype``: the masters' (fp32, or bf16 with bf16 masters).
         """
         self.buckets = buckets
         self.sharded = sharded
@@ -54,7 +54,7 @@ class MasterShards:
                 data = masters[i]
             else:
                 owned = self.owned(b, b.data)
-                data = owned if alias else owned.detach().clone().float()
+                data = owned if alias else owned.detach().clone().to(dtype)
             self.masters.append(nn.Parameter(data, requires_grad=True))
 
     def owned(self, bucket: FlatBucket, flat: torch.Tensor) -> torch.Tensor:
@@ -166,11 +166,12 @@ class MasterShards:
 
     @staticmethod
     def set_grads_of(masters: list[nn.Parameter], grads: list[torch.Tensor], multiplier: float) -> None:
+        """Each master's gradient in its own dtype (fp32, or bf16 masters' bf16 gradients), times ``multiplier``."""
         for m, g in zip(masters, grads, strict=True):
-            g32 = g if g.dtype == torch.float32 else g.float()
+            gm = g if g.dtype == m.dtype else g.to(m.dtype)
             if multiplier != 1.0:
-                g32.mul_(multiplier)
-            m.grad = g32
+                gm.mul_(multiplier)
+            m.grad = gm
 
     def clear_grads(self) -> None:
         for m in self.masters:
@@ -198,8 +199,9 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 class PartitionedMasters(MasterShards):
     """Masters over each bucket's ``local`` chunk (the fp32 shard itself with fp32 compute)."""
 
-    def __init__(self, buckets: list[PartitionedBucket], alias: bool, coordinator: GatherCoordinator) -> None:
-        super().__init__(buckets, sharded=True, alias=alias)  # type: ignore[arg-type]
+    def __init__(self, buckets: list[PartitionedBucket], alias: bool, coordinator: GatherCoordinator,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(buckets, sharded=True, alias=alias, dtype=dtype)  # type: ignore[arg-type]
         self.coordinator = coordinator
         self.param_offload: ParamOffload | None = None
         for b, m in zip(buckets, self.masters, strict=True):

@@ -45,16 +45,16 @@ COALESCE_LIMIT = 1 << 20
 
 
 class ShardAccumulator:
-    """One fp32 accumulator per bucket, of the bucket's shard size."""
+    """One accumulator per bucket, of the bucket's shard size, in the masters' dtype (fp32 unless bf16 masters)."""
 
-    def __init__(self, buckets: list[FlatBucket], eager: bool) -> None:
+    def __init__(self, buckets: list[FlatBucket], eager: bool, dtype: torch.dtype = torch.float32) -> None:
         self.buckets = buckets
+        self.dtype = dtype
         self.acc: list[torch.Tensor | None] = [self._new(b) if eager else None for b in buckets]
         self.fresh = [True] * len(buckets)  # holds nothing since the last zero(): overwrite, not add
 
-    @staticmethod
-    def _new(bucket: FlatBucket) -> torch.Tensor:
-        return torch.zeros(bucket.shard_numel, dtype=torch.float32, device=bucket.data.device)
+    def _new(self, bucket: FlatBucket) -> torch.Tensor:
+        return torch.zeros(bucket.shard_numel, dtype=self.dtype, device=bucket.data.device)
 
     def add(self, index: int, part: torch.Tensor, alpha: float = 1.0) -> None:
         """Add ``alpha * part`` (a reduced chunk) to bucket ``index``'s sum."""
@@ -93,7 +93,7 @@ class ShardedGradSync(GradSyncBase):
 
     def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
         super().__init__(buckets, coll, policy)
-        self.accum = ShardAccumulator(buckets, eager=True)
+        self.accum = ShardAccumulator(buckets, eager=True, dtype=policy.accum_dtype)
         size = max(b.plan.padded_numel for b in buckets)
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)

@@ -73,7 +73,7 @@ def _adopt(params: list[nn.Parameter], name: str, gi: int, coll: Collectives, pr
 def _finish_bucket(b: PartitionedBucket, precision: PrecisionPolicy, threshold: int) -> PartitionedBucket:
     """fp32 master of the shard, then the compute dtype; sharded at rest unless under the persistence threshold."""
     if not precision.master_is_alias and not b.frozen:
-        b.master = b.local.float()  # fp32 master taken before the cast; MasterShards clones it once more
+        b.master = b.local.to(precision.master_dtype)  # taken before the cast; MasterShards clones it once more
     b.cast_(precision.compute_dtype)
     b.persistent = b.plan.numel < threshold
     if b.persistent:

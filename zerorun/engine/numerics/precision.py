@@ -20,17 +20,21 @@ _COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 class PrecisionPolicy:
     """``compute_dtype``: the dtype of the module's parameters, activations and gradients.
 
-    The optimizer always steps fp32 master weights. With fp32 compute the master is the
-    parameter buffer itself (no copy); with fp16/bf16 it is a separate fp32 tensor.
+    ``master_dtype``: the dtype of the master weights, their reduced gradients and (through
+    the optimizer, which makes its state like its parameters) the moments: fp32, or bf16 with
+    ``bf16.bf16_master_weights_and_grads`` + ``bf16_optimizer_states``. When it equals the
+    compute dtype the master is the parameter buffer itself (no copy: fp32 training, and bf16
+    masters over bf16 parameters); otherwise it is a separate tensor.
     """
 
     compute_dtype: torch.dtype
     scaler: loss_scaler.ScalerPolicy
     comm_dtype: torch.dtype | None
+    master_dtype: torch.dtype = torch.float32
 
     @property
     def master_is_alias(self) -> bool:
-        return self.compute_dtype == torch.float32
+        return self.compute_dtype == self.master_dtype
 
     @property
     def name(self) -> str:
@@ -54,4 +58,5 @@ def from_config(cfg: ZerorunConfig) -> PrecisionPolicy:
                 min_scale=float(f.min_loss_scale))
         return PrecisionPolicy(torch.float16, scaler, comm)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm)
+    low = bf16 and cfg.bf16.bf16_master_weights_and_grads
+    return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm, master_dtype=dtype if low else torch.float32)

@@ -63,15 +63,16 @@ class HostMasters:
         self.copies = policy.transfers()
         self.threads = step_threads()
         self.on_device = frozenset(device_buckets(len(inner.masters), policy.ratio))
+        self.master_dtype = inner.masters[0].dtype if inner.masters else torch.float32
         # nvme writes the masters to files and frees them: pinned, torch's host cache would keep them
         home = self.copies if policy.device == "cpu" else copy_checks.transfers(False)
         for i, (b, m) in enumerate(zip(inner.buckets, inner.masters, strict=True)):
             if i in self.on_device:
                 continue
-            if home.on_host(m.data) and m.dtype == torch.float32:
+            if home.on_host(m.data):
                 m.data = home.pinned(m.data)  # taken on the host already (stages 0-2's set-up)
             else:
-                m.data = home.host_copy(m.data, torch.float32)
+                m.data = home.host_copy(m.data, m.dtype)  # fp32, or bf16 masters
             if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
                 b.master = m.data
 
@@ -109,7 +110,7 @@ class HostMasters:
                     ) -> tuple[list[torch.Tensor], Fence | None]:
         grads = [owned_grads[i] for i in chunk]
         host = [k for k, i in enumerate(chunk) if i not in self.on_device]
-        out, fence = self.copies.queue_down([grads[k] for k in host], torch.float32)
+        out, fence = self.copies.queue_down([grads[k] for k in host], self.master_dtype)
         for k, g in zip(host, out, strict=True):
             grads[k] = g
         return grads, fence

@@ -105,7 +105,7 @@ class NvmeMasters(HostMasters):
             if m.data.numel() == self.numels[i] or i in self._reading:
                 continue  # in memory, or already on its way
             self._reading.add(i)
-            jobs.append((i, None, self.swapper.read(f"b{i}.master", self.numels[i], torch.float32)))
+            jobs.append((i, None, self.swapper.read(f"b{i}.master", self.numels[i], self.master_dtype)))
             state = self.optimizer.state.get(m, {})
             jobs.extend((i, k, self.swapper.read(f"b{i}.{k}", self.numels[i], state[k].dtype)) for k in self.keys[i])
         return jobs
