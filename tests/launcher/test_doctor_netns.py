@@ -30,29 +30,30 @@ ADDRS = {"m": "10.77.1.1", "b": "10.77.1.2"}
 class Netns:
     names: dict[str, str]
     key: Path
+    root: Path
 
     def run(self, where: str, *argv: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ip", "netns", "exec", self.names[where], *argv], cwd=cwd, capture_output=True,
                               text=True, timeout=timeout)
 
-    def ssh_args(self) -> list[str]:
+    def ssh_args(self, config: Path | None = None) -> list[str]:
         opts = f"-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -i {self.key}"
-        return ["--launcher", "ssh", "--ssh_args", opts]
+        return ["--launcher", "ssh", "--ssh_args", opts + (f" -F {config}" if config else "")]
 
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-def _sshd(root: Path, ns: str, addr: str) -> subprocess.Popen[bytes]:
-    config = root / f"sshd_{addr}"
+def _sshd(root: Path, ns: str, addr: str, port: int = 22, *extra: str) -> subprocess.Popen[bytes]:
+    config = root / f"sshd_{addr}_{port}"
     config.write_text("\n".join([
-        "Port 22", f"ListenAddress {addr}", f"HostKey {root / 'host_key'}",
+        f"Port {port}", f"ListenAddress {addr}", f"HostKey {root / 'host_key'}", *extra,
         f"AuthorizedKeysFile {root / 'authorized_keys'}", "PermitRootLogin prohibit-password",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-        f"PidFile {root / ('pid_' + addr)}", "MaxStartups 100", "",
+        f"PidFile {root / f'pid_{addr}_{port}'}", "MaxStartups 100", "",
     ]))
-    return subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(config), "-E", str(root / f"log_{addr}")])
+    return subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(config), "-E", str(root / f"log_{addr}_{port}")])
 
 
 def _make(names: dict[str, str]) -> None:
@@ -86,12 +87,16 @@ def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Netns]:
     (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     procs = [_sshd(root, names[k], addr) for k, addr in ADDRS.items()]
+    shim = root / "shim" / "zerorun-9.9.9.dist-info"  # host b seen through port 2222 has another zerorun
+    shim.mkdir(parents=True)
+    (shim / "METADATA").write_text("Metadata-Version: 2.1\nName: zerorun\nVersion: 9.9.9\n")
+    procs.append(_sshd(root, names["b"], ADDRS["b"], 2222, f"SetEnv PYTHONPATH={shim.parent}"))
     try:
-        env = Netns(names, root / "user_key")
+        env = Netns(names, root / "user_key", root)
         deadline = time.monotonic() + 15
-        probe = "import socket,sys; socket.create_connection((sys.argv[1], 22), timeout=0.5).close()"
-        for addr in ADDRS.values():
-            while env.run("m", sys.executable, "-c", probe, addr, cwd=root).returncode != 0:
+        probe = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.5).close()"
+        for addr, port in (*((a, "22") for a in ADDRS.values()), (ADDRS["b"], "2222")):
+            while env.run("m", sys.executable, "-c", probe, addr, port, cwd=root).returncode != 0:
                 assert time.monotonic() < deadline, f"sshd on {addr} did not start"
                 time.sleep(0.1)
         yield env
@@ -103,9 +108,9 @@ def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Netns]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def _doctor(env: Netns, tmp_path: Path, *extra: str, hosts: str = "10.77.1.1 slots=1\n10.77.1.2 slots=1\n") -> dict:
-    (tmp_path / "hostfile").write_text(hosts)
-    out = env.run("m", sys.executable, "-m", "zerorun.cli", "doctor", "-H", "hostfile", *env.ssh_args(),
+def _doctor(env: Netns, tmp_path: Path, *extra: str, config: Path | None = None) -> dict:
+    (tmp_path / "hostfile").write_text("10.77.1.1 slots=1\n10.77.1.2 slots=1\n")
+    out = env.run("m", sys.executable, "-m", "zerorun.cli", "doctor", "-H", "hostfile", *env.ssh_args(config),
                   "--master_port", "29531", "--json", *extra, cwd=tmp_path)
     data = json.loads(out.stdout)
     assert out.returncode == (0 if data["ok"] else 1), out.stderr
@@ -150,3 +155,14 @@ def test_a_loopback_first_node_becomes_the_routed_address(netns: Netns, tmp_path
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["master_addr"] == "10.77.1.1"
     assert "zerorun: master 10.77.1.1 instead of localhost" in out.stderr
+
+
+def test_a_version_mismatch_names_the_host_and_both_versions(netns: Netns, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host 10.77.1.2\n  Port 2222\n")  # b's sshd that puts a shim zerorun on PYTHONPATH
+    data = _doctor(netns, tmp_path, config=config)
+    assert not data["ok"]
+    assert [(f["host"], f["class"]) for f in data["findings"]] == [("10.77.1.2", "zerorun_mismatch")]
+    from importlib.metadata import version
+
+    assert data["findings"][0]["message"] == f"10.77.1.2 has zerorun 9.9.9, 10.77.1.1 has {version('zerorun')}"
