@@ -50,7 +50,8 @@ class DelayedStream:
         delay = src.numel() * src.element_size() / (self.gbps * 1e9)
         self.copied_s += delay
         time.sleep(delay)
-        dst.copy_(src)
+        with torch.no_grad():  # grad mode is per thread: this one's is on
+            dst.copy_(src)
 
 
 class Event:
