@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", nargs="*", default=list(FILES), help="files under tests/unit/ (default: the table's)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per file and engine")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    p.add_argument("--devices", type=int, default=2, help="CPU 'devices' DeepSpeed's harness may use (LOCAL_SIZE)")
     ns = p.parse_args(argv)
     from zerorun.compat.ds_commands_link import link
 
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         tests, commit = scratch_tests(ns.ds_source, work)
         base = {k: v for k, v in os.environ.items() if not k.startswith("ZERORUN_")}
-        base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1")
+        # DeepSpeed's CPU accelerator counts its "devices" from LOCAL_SIZE; without it every world-2 test skips
+        base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", LOCAL_SIZE=str(ns.devices))
         ds_env = {**base, "PATH": f"{ns.ds_venv / 'bin'}{os.pathsep}{base['PATH']}"}
         (work / "bin").mkdir()
         link(work / "bin", python=ns.zerorun_python, path=[])  # zerorun's venv has no DeepSpeed to shadow

@@ -274,7 +274,8 @@ class Engine(DeepSpeedSurface, HfSurface):
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                         load_module_only: bool = False, custom_load_fn: Callable[..., Any] | None = None,
-                        load_rng_state: bool = False, trust_checkpoint: bool = False) -> tuple[str, dict[str, Any]]:
+                        load_rng_state: bool = False, trust_checkpoint: bool = False
+                        ) -> tuple[str, dict[str, Any]] | tuple[None, None]:
         """Load ``load_dir/tag`` (``latest`` by default) at any world size/stage; returns ``(path, client_state)``.
 
         The global RNG states saved with it are restored only with ``load_rng_state=True``

@@ -13,6 +13,7 @@ scheduler, RNG) comes from saved rank ``rank mod N``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -169,11 +170,23 @@ def _fill(engine: Engine, copies: list[reshard.Copy], files: dict[int, dict[str,
                         if torch.is_tensor(v) else v
 
 
+def nothing_to_resume(root: Path) -> tuple[None, None]:
+    """DeepSpeed's answer to loading ``latest`` where there is none: warn, load nothing."""
+    tags = list_tags(root) if root.is_dir() else []
+    warnings.warn(f"load_checkpoint: no '{LATEST}' file in {root}, nothing loaded (complete tags: "
+                  f"{', '.join(tags) or 'none'}); pass tag= to load one", stacklevel=3)
+    return None, None
+
+
 def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False, strict: bool = True,
-                    load_rng_state: bool = False, trust_checkpoint: bool = False) -> tuple[str, dict[str, Any]]:
+                    load_rng_state: bool = False, trust_checkpoint: bool = False
+                    ) -> tuple[str, dict[str, Any]] | tuple[None, None]:
     """Load ``load_dir/tag`` at any world size and stage; returns ``(path, client_state)``.
+
+    Without ``tag`` and without a ``latest`` file there is nothing to resume: a warning and
+    ``(None, None)``, as DeepSpeed returns (scripts call it unconditionally on a first start).
 
     ``strict=False`` (DeepSpeed's ``load_module_strict``) skips parameters missing on either side.
     The global RNG states saved with the checkpoint are restored only with ``load_rng_state``
@@ -181,6 +194,8 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
     Every file loads as data only; ``trust_checkpoint=True`` lets files the user vouches for
     name any global (a ``client_state`` holding the script's own classes needs it).
     """
+    if tag is None and not (Path(load_dir) / LATEST).is_file():
+        return nothing_to_resume(Path(load_dir))
     path = resolve(Path(load_dir), tag)
     if ds_files.is_deepspeed(path):
         ds = ds_format.read(path, trust_checkpoint)
