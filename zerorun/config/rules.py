@@ -112,6 +112,10 @@ def low_precision_masters(cfg: ZerorunConfig, given: frozenset[str]) -> list[Pro
     elif bf16.bf16_optimizer_states:
         problems.append(Problem("bf16.bf16_optimizer_states",
                                 "needs bf16.bf16_master_weights_and_grads: true (as in DeepSpeed)"))
+    if bf16.master_compensation != "none" and not bf16.bf16_master_weights_and_grads:
+        problems.append(Problem("bf16.master_compensation", "has no effect without bf16.bf16_master_weights_and_grads "
+                                                            "(fp32 masters lose no updates); remove it",
+                                severity=Severity.WARNING))
     return problems
 
 

@@ -96,6 +96,11 @@ class Bf16Config(Block):
     bf16_optimizer_states: Bool = Field(
         False, description="Keep optimizer states in bf16 (needs bf16_master_weights_and_grads)."
     )
+    master_compensation: Literal["none", "kahan", "stochastic_rounding"] = Field(
+        "none", description="zerorun only: with bf16 masters, keep updates below half a bf16 ulp. kahan: a bf16 "
+        "compensation buffer (+2 bytes/param); stochastic_rounding: round each new master stochastically "
+        "(+0 bytes/param). Each chunk steps in fp32 temporaries of at most one bucket."
+    )
 
 
 class TorchAutocastConfig(Block):

@@ -34,6 +34,7 @@ from zerorun.engine.mechanism.masters import PartitionedMasters
 from zerorun.engine.mechanism.partition import PartitionedBucket
 from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT
 from zerorun.engine.mechanism.units import plan_units
+from zerorun.engine.numerics.compensated import Compensation
 from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
 from zerorun.engine.offload.params import ParamOffload
@@ -154,6 +155,8 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         staging = bucket_size * (2 if reduce.overlap_comm else 1)
         grad_sync = policy.grad_sync(layout.buckets, coll, replace(reduce, staging_numel=staging))
     masters.bind_optimizer(optimizer, layout.group_of_bucket)
+    if precision.compensation != "none":
+        masters.set_compensation(Compensation(precision.compensation, coll.rank, ctx.device))
     hooks = grad_hooks(layout.buckets, grad_sync)
     if coordinator is not None:
         coordinator.attach(module, layout.modules)

@@ -24,6 +24,7 @@ from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.numerics.compensated import Compensation
 from zerorun.engine.offload.copies import Fence
 from zerorun.engine.offload.params import ParamOffload
 
@@ -49,6 +50,7 @@ class MasterShards:
         self.alias = alias
         self.overlap_gather = overlap_gather
         self.masters: list[nn.Parameter] = []
+        self.compensation: Compensation | None = None  # bf16 masters' bf16.master_compensation
         for i, b in enumerate(buckets):
             if masters is not None:
                 data = masters[i]
@@ -59,6 +61,9 @@ class MasterShards:
 
     def owned(self, bucket: FlatBucket, flat: torch.Tensor) -> torch.Tensor:
         return bucket.shard(flat) if self.sharded else flat
+
+    def set_compensation(self, compensation: Compensation | None) -> None:
+        self.compensation = compensation
 
     def rebind(self) -> None:
         """After the buckets are cast to the compute dtype, alias masters must follow the new buffers."""
@@ -140,8 +145,10 @@ class MasterShards:
             g["params"] = []
         for i in chunk:
             groups[self.group_of_bucket[i]]["params"].append(self.masters[i])
-        self.set_grads_of([self.masters[i] for i in chunk], grads, multiplier)
-        optimizer.step()
+        masters = [self.masters[i] for i in chunk]
+        self.set_grads_of(masters, grads, multiplier)
+        with self.compensation.widened(optimizer, masters) if self.compensation else contextlib.nullcontext():
+            optimizer.step()
         for i in chunk:
             self.masters[i].grad = None
 

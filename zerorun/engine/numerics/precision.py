@@ -31,6 +31,7 @@ class PrecisionPolicy:
     scaler: loss_scaler.ScalerPolicy
     comm_dtype: torch.dtype | None
     master_dtype: torch.dtype = torch.float32
+    compensation: str = "none"  # bf16 masters' bf16.master_compensation (numerics.compensated)
 
     @property
     def master_is_alias(self) -> bool:
@@ -59,4 +60,5 @@ def from_config(cfg: ZerorunConfig) -> PrecisionPolicy:
         return PrecisionPolicy(torch.float16, scaler, comm)
     dtype = torch.bfloat16 if bf16 else torch.float32
     low = bf16 and cfg.bf16.bf16_master_weights_and_grads
-    return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm, master_dtype=dtype if low else torch.float32)
+    return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm, master_dtype=dtype if low else torch.float32,
+                           compensation=cfg.bf16.master_compensation if low else "none")
