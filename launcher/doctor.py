@@ -1,8 +1,8 @@
 """Host checks through the launcher's own runner: ``zerorun doctor``, the launcher's
 network preflight, and whoever must re-check hosts (elastic restarts) call ``check_hosts``.
 
-Two phases, both bounded by timeouts: a listener (launcher/probe_listen.py) binds the
-master port on node 0, which tells whether the port is free there; then every host
+One round trip, bounded by timeouts: a listener (launcher/probe_listen.py) binds the
+master port on node 0, which tells whether the port is free there; at the same time every host
 runs the probe (launcher/probe_script.py) in parallel, which reports versions, limits,
 its clock, its route to the master and a TCP connect to that listener. The answers are
 judged by launcher/doctor_checks.py. The local runner runs both on this machine; ssh
@@ -118,11 +118,11 @@ def _answer(stdout: str, tag: str) -> str | None:
 class Listener:
     """The master-side listener: started first, closed when every probe has answered."""
 
-    def __init__(self, argv: list[str], timeout: float) -> None:
+    def __init__(self, argv: list[str]) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.status = self._first_line(timeout)
 
-    def _first_line(self, timeout: float) -> str:
+    def status(self, timeout: float) -> str:
+        """``ok``, ``busy ERRNO TEXT`` (the port is taken), or ``failed`` (no answer within ``timeout``)."""
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline().decode(errors="replace") if ready else ""
@@ -219,20 +219,22 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
                           "pass --launcher ssh (with the same hostfile), or skip them with --no_preflight")
     start = time.time()
     timeout = ssh.connect_timeout + connect_timeout + 10.0
-    listener = Listener(remote_argv(plan, plan.nodes[0], runner, ssh, LISTEN_SOURCE, str(plan.master_port)),
-                        ssh.connect_timeout + 5.0)
+    # the listener and the probes start together (one round trip, not two): a probe retries a refused
+    # connect while the listener may still be starting; its verdict counts only if the listener bound the port
+    listener = Listener(remote_argv(plan, plan.nodes[0], runner, ssh, LISTEN_SOURCE, str(plan.master_port)))
     try:
-        arg = json.dumps({"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd,
-                          "connect": listener.status == "ok", "timeout": connect_timeout})
+        arg = json.dumps({"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd, "connect": True,
+                          "timeout": connect_timeout, "retry": ssh.connect_timeout + 2.0})
         with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
             results = list(pool.map(
                 lambda n: _probe(remote_argv(plan, n, runner, ssh, PROBE_SOURCE, arg), timeout), plan.nodes))
+        status = listener.status(ssh.connect_timeout + 5.0)
     finally:
         listener.close()
     raw = [_host_report(n, r) for n, r in zip(plan.nodes, results, strict=True)]
     ref = next((h for h in raw if h.facts is not None), None)
-    hosts = tuple(_judge(plan, h, ref, listener.status == "ok") for h in raw)
+    hosts = tuple(_judge(plan, h, ref, status == "ok") for h in raw)
     routes = [h.facts["network"].get("route", {}).get("interface") if h.facts else None for h in hosts]
     ifname = suggest_ifname(routes) if len(plan.nodes) > 1 else None
     return DoctorReport(plan.master_addr, plan.master_port, runner.value, hosts,
-                        _listener_findings(plan, listener.status), ifname, time.time() - start)
+                        _listener_findings(plan, status), ifname, time.time() - start)

@@ -2,7 +2,7 @@
 
 Sent as the source of ``python -c`` (stdlib only, never imports torch: it must answer
 in well under a second), with one JSON argument ``{"master", "port", "cwd", "connect",
-"timeout"}``. It prints ``zerorun-doctor {...}``: versions (Python, zerorun, torch and
+"timeout", "retry"}``. It prints ``zerorun-doctor {...}``: versions (Python, zerorun, torch and
 the CUDA it was built for, read from files, NCCL's wheel, the driver), GPU device
 files, /dev/shm, ``ulimit -l``/``-n``, its clock, the master as this host resolves it,
 the interface and address of its route to the master and that interface's MTU, and a
@@ -117,22 +117,30 @@ def route(addr: str, port: int, ifaces: dict[str, list[str]]) -> dict[str, objec
     return {"source": src, "interface": name, "mtu": mtu(name) if name else None}
 
 
-def connect(addr: str, port: int, timeout: float) -> dict[str, object]:
-    """A TCP connect to the master's port: ok, refused, timeout, or the error's name."""
-    start = time.monotonic()
+def connect_once(addr: str, port: int, timeout: float) -> dict[str, object]:
+    """One TCP connect to the master's port: ok, refused, timeout, or the error's name."""
     try:
         with socket.create_connection((addr, port), timeout=timeout):
-            return {"result": "ok", "seconds": time.monotonic() - start}
+            return {"result": "ok"}
     except TimeoutError:
-        return {"result": "timeout", "seconds": time.monotonic() - start}
+        return {"result": "timeout"}
     except OSError as err:
         name = errno.errorcode.get(err.errno or 0, "error")
         result = {errno.ECONNREFUSED: "refused", errno.ENETUNREACH: "no_route", errno.EHOSTUNREACH: "no_route"}
-        return {"result": result.get(err.errno or 0, name), "error": f"{name}: {err.strerror}",
-                "seconds": time.monotonic() - start}
+        return {"result": result.get(err.errno or 0, name), "error": f"{name}: {err.strerror}"}
 
 
-def network(master: str, port: int, do_connect: bool, timeout: float) -> dict[str, object]:
+def connect(addr: str, port: int, timeout: float, retry: float) -> dict[str, object]:
+    """Connect, retrying a refusal for ``retry`` seconds: the doctor's listener starts alongside the probes."""
+    start = time.monotonic()
+    while True:
+        out = connect_once(addr, port, timeout)
+        if out["result"] != "refused" or time.monotonic() - start > retry:
+            return {**out, "seconds": time.monotonic() - start}
+        time.sleep(0.05)
+
+
+def network(master: str, port: int, do_connect: bool, timeout: float, retry: float) -> dict[str, object]:
     try:
         resolved = sorted({str(ai[4][0]) for ai in socket.getaddrinfo(master, port, type=socket.SOCK_STREAM)})
     except (OSError, UnicodeError) as err:
@@ -144,7 +152,7 @@ def network(master: str, port: int, do_connect: bool, timeout: float) -> dict[st
                               "env": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                                       if k in os.environ}}
     if do_connect:
-        out["connect"] = connect(addr, port, timeout)
+        out["connect"] = connect(addr, port, timeout, retry)
     return out
 
 
@@ -152,7 +160,8 @@ def main(arg: str) -> None:
     opts = json.loads(arg)
     facts: dict[str, object] = {"hostname": socket.gethostname(), "cwd_ok": os.path.isdir(opts["cwd"]),
                                 "versions": versions(), "limits": limits()}
-    facts["network"] = network(opts["master"], int(opts["port"]), bool(opts["connect"]), float(opts["timeout"]))
+    facts["network"] = network(opts["master"], int(opts["port"]), bool(opts["connect"]), float(opts["timeout"]),
+                               float(opts.get("retry", 0.0)))
     facts["time"] = time.time()
     print(TAG, json.dumps(facts), flush=True)
 
