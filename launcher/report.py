@@ -53,11 +53,12 @@ def _when(ts: float) -> str:
 
 
 def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10,
-                  console: OnceFilter | None = None) -> str:
+                  console: OnceFilter | None = None, logs_said: bool = False) -> str:
     """The summary printed at the end of a failed run (root cause = ``failures[0]``).
 
     ``console`` is what reached the console: a stderr tail printed there already is not
-    repeated (each message once), the box points at it instead."""
+    repeated (each message once), the box points at it instead. ``logs_said``: the run
+    summary above already said the logs are on the console only."""
     if not failures:
         return ""
     root = failures[0]
@@ -71,8 +72,9 @@ def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10
         f"  rank      : {who}",
         f"  status    : {root.describe_code()}",
         f"  time      : {_when(root.time)}",
-        f"  logs      : {root.log_path or 'console only (pass --log_dir DIR for per-rank files)'}",
     ]
+    if root.log_path or not logs_said:
+        lines.append(f"  logs      : {root.log_path or 'console only (pass --log_dir DIR for per-rank files)'}")
     tail = root.stderr_tail[-tail_lines:]
     if tail and console is not None and all(console.printed(text) for text in tail):
         ranks = ", ".join(map(str, console.ranks(tail[-1]))) or "?"

@@ -110,7 +110,8 @@ def run_with_restarts(
             plan = with_restart_count(plan, restart)
         executor, result = run_watched(plan, commands_for(plan), watch_for, err)
         if result.failures:
-            print(format_report(result.failures, plan.world_size, console=executor.once), file=err, flush=True)
+            print(format_report(result.failures, plan.world_size, console=executor.once,
+                                logs_said=watch_for is not None), file=err, flush=True)
         if not result.failures or result.interrupted or restart >= policy.max_restarts:
             if result.failures and policy.max_restarts and not result.interrupted:
                 print(f"zerorun: giving up after {restart} restart(s) (--max_restarts {policy.max_restarts})",

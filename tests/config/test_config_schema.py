@@ -63,7 +63,7 @@ def test_stage_out_of_range_names_the_path() -> None:
         ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu: 0 is below the minimum 1"),
         ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}}, 'zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme'),
         ({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}}, "zero_optimization.offload_optimizer.ratio: 1.5 is not between 0 and 1"),
-        ({"communication_data_type": "fp8"}, 'communication_data_type: "fp8" is not one of fp32, fp16, bf16'),
+        ({"communication_data_type": "fp8"}, 'communication_data_type: "fp8" is not a dtype here: use one of fp32 (float32/float), fp16 (float16/half), bf16 (bfloat16/torch.bfloat16)'),
         ({"zero_optimization": 3}, "zero_optimization: expected a block of keys (a mapping), got 3"),
         ({"optimizer": {"params": {}}}, "optimizer.type: is required in this block"),
     ],

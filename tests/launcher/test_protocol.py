@@ -29,6 +29,9 @@ GOOD = {
     "failed": {"node_rank": 0, "host": "h", "rank": 0, "local_rank": 0, "exit_code": 3, "signal": None,
                "pid": 1234, "time": 1.5, "stderr_tail": ["boom"], "log_path": None},
     "exited": {"node_rank": 0, "host": "h", "exit_code": 0, "reason": None},
+    "heartbeat": {"node_rank": 0, "rank": 1, "beat": {"step": 3, "phase": "forward"}},
+    "stacks": {"node_rank": 0, "rank": 1, "lines": ['File "train.py", line 88, in forward']},
+    "rank_exited": {"node_rank": 0, "rank": 1, "exit_code": 0},
 }
 BAD = [  # (kind, field, value): each makes the event malformed
     ("started", "pids", {"0": "1234; rm"}), ("started", "pids", {"0": 1}), ("started", "pids", [1234]),
@@ -100,7 +103,7 @@ def test_keyed_events_with_foreign_pids_or_nodes_kill_nothing(tmp_path: Path) ->
             ev("failed", node_rank=1, host="h", rank=0, local_rank=0, exit_code=1, time=0, stderr_tail=[])
             ev("failed", node_rank=0, host="h", rank=7, local_rank=0, exit_code=1, time=0, stderr_tail=[])
             ev("started", pids="all")
-            ev("heartbeat", step=1)
+            ev("roll_call", step=1)
             time.sleep(0.5)  # a real agent lives on after "started": the launcher checks its children meanwhile
             sys.exit(5)  # the agent dies without reporting: its proven rank is killed, nothing else
         """
@@ -111,7 +114,7 @@ def test_keyed_events_with_foreign_pids_or_nodes_kill_nothing(tmp_path: Path) ->
         assert result.exit_code == 5 and result.failures[0].rank is None, notes
         assert "ignored a started event from localhost: a second started event" in notes
         assert "it names node 1, it came from node 0" in notes and "rank 7 does not run there" in notes
-        assert "field 'node_rank' must be a node rank" in notes and "unknown event kind 'heartbeat'" in notes
+        assert "field 'node_rank' must be a node rank" in notes and "unknown event kind 'roll_call'" in notes
         assert wait_gone([rank], timeout=5) == []
         assert alive(victim.pid)
     finally:
@@ -122,13 +125,13 @@ def test_keyed_events_with_foreign_pids_or_nodes_kill_nothing(tmp_path: Path) ->
 def test_a_new_kind_is_one_entry_and_one_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from launcher.protocol import Field, small_json
 
-    monkeypatch.setitem(EVENTS, "heartbeat", {"rank": EVENTS["failed"]["rank"], "payload": Field(small_json)})
+    monkeypatch.setitem(EVENTS, "roll_call", {"rank": EVENTS["failed"]["rank"], "payload": Field(small_json)})
     executor, err, _ = _agent_impostor(tmp_path, """
-        ev("heartbeat", rank=1, payload={"step": 3, "phase": "forward"})
-        ev("heartbeat", rank=1, payload={"step": float("nan")})
+        ev("roll_call", rank=1, payload={"step": 3, "phase": "forward"})
+        ev("roll_call", rank=1, payload={"step": float("nan")})
     """)
     seen: list[dict] = []
-    executor.on("heartbeat", lambda run, event: seen.append(dict(event.fields)))
+    executor.on("roll_call", lambda run, event: seen.append(dict(event.fields)))
     assert executor.run().exit_code == 0
     assert seen == [{"rank": 1, "payload": {"step": 3, "phase": "forward"}}]
     assert "field 'payload' must be valid" in err.getvalue()

@@ -105,8 +105,9 @@ class OrderCheck:
         self.every = max(1, every)
         self.fingerprint = 0
         self.ring: deque[tuple[int, int, int, int]] = deque(maxlen=RING)
-        self._mine = torch.zeros(5, dtype=torch.int64)
-        self._all = torch.zeros(5 * world_size, dtype=torch.int64)
+        # host tensors: the check's group always serves the CPU (a gloo twin on NCCL)
+        self._mine = torch.zeros(5, dtype=torch.int64, device="cpu")
+        self._all = torch.zeros(5 * world_size, dtype=torch.int64, device="cpu")
 
     def issue(self, seq: int, kind: str, numel: int, dtype: str) -> None:
         """Fold collective ``seq`` into the fingerprint; compare with every rank when it is due."""
@@ -115,7 +116,7 @@ class OrderCheck:
         self.ring.append((seq, k, numel, d))
         if seq % self.every:
             return
-        self._mine.copy_(torch.tensor([seq, k, numel, d, self.fingerprint]))
+        self._mine.copy_(torch.tensor([seq, k, numel, d, self.fingerprint], device="cpu"))
         _ALL_GATHER(self._all, self._mine, group=self.group)
         rows = self._all.view(self.world_size, 5).tolist()
         if len({tuple(r[1:]) for r in rows}) == 1:

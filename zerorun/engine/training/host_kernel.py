@@ -29,7 +29,7 @@ def fuses_on_cpu(cls: type[torch.optim.Optimizer]) -> bool:
     """True when ``cls(..., fused=True)`` accepts CPU tensors in this torch (tried on one element)."""
     if "fused" not in inspect.signature(cls).parameters:
         return False
-    probe = torch.nn.Parameter(torch.zeros(1))
+    probe = torch.nn.Parameter(torch.zeros(1, device="cpu"))
     try:
         cls([probe], fused=True)
     except (RuntimeError, TypeError, ValueError):  # torch says "not supported" in one of these
