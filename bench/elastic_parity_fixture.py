@@ -7,7 +7,12 @@ rest of DeepSpeed stubbed (a version string and a logger), and writes every answ
 ``tests/fixtures/elastic_parity.json``. Run once, with an interpreter that has numpy and
 packaging (DeepSpeed's own environment):
 
-    python bench/elastic_parity_fixture.py --git-dir PATH/TO/DeepSpeed/.git --rev v0.19.8
+    /work/venv-peers/bin/python bench/elastic_parity_fixture.py --git-dir PATH/TO/DeepSpeed/.git --rev HEAD
+
+With DeepSpeed installed in that interpreter, the fixture also records what the installed
+release does with an ``elasticity`` block (``installed``): DeepSpeed 0.19.8 has removed the
+package, and its config refuses the block. The answers above then come from the last
+source that has it (the ``rev`` recorded).
 """
 
 from __future__ import annotations
@@ -72,6 +77,31 @@ def _answer(ds: Any, block: dict[str, Any], world: int) -> dict[str, Any]:
     return {"batch": batch, "worlds": worlds, "micro": None if world == 0 else int(out[2])}
 
 
+def _installed() -> dict[str, Any] | None:
+    """The installed DeepSpeed's version, whether it has the package, and its answer to a config with the block."""
+    try:
+        import deepspeed
+        from deepspeed.runtime import config as ds_config
+    except ImportError:
+        return None
+    try:
+        importlib.import_module("deepspeed.elasticity")
+        has_package = True
+    except ImportError:
+        has_package = False
+    record: dict[str, Any] = {"version": deepspeed.__version__, "has_elasticity_package": has_package}
+    block = {"train_batch_size": 8, "elasticity": {"enabled": True, "max_train_batch_size": 8,
+                                                   "micro_batch_sizes": [2]}}
+    reject = getattr(ds_config, "_reject_removed_config_keys", None)
+    try:
+        if reject is not None:
+            reject(block)
+        record["config_answer"] = "accepted"
+    except Exception as err:  # the installed release's refusal is the answer
+        record["config_answer"] = {"error": type(err).__name__, "message": str(err)}
+    return record
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--git-dir", required=True, help="a DeepSpeed repository's git directory")
@@ -83,7 +113,8 @@ def main() -> int:
     lines = ",\n".join(json.dumps(case, separators=(",", ":")) for case in cases)
     commit = subprocess.run(["git", "--git-dir", args.git_dir, "rev-parse", args.rev], check=True,
                             capture_output=True, text=True).stdout.strip()
-    OUT.write_text(f'{{"rev": {json.dumps(commit)}, "cases": [\n{lines}\n]}}\n')
+    installed = json.dumps(_installed(), separators=(",", ":"))
+    OUT.write_text(f'{{"rev": {json.dumps(commit)}, "installed": {installed}, "cases": [\n{lines}\n]}}\n')
     print(f"wrote {len(cases)} blocks x {len(WORLDS)} worlds to {OUT}")
     return 0
 

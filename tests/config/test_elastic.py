@@ -1,7 +1,10 @@
 """``zerorun.config.elastic`` against DeepSpeed's own ``compute_elastic_config`` answers.
 
-The fixture was made by ``bench/elastic_parity_fixture.py`` from DeepSpeed's source; every
-(block, world) answer - batch, valid worlds, micro batch, or that it fails - must match.
+The fixture was made by ``bench/elastic_parity_fixture.py`` with the peers' interpreter
+(DeepSpeed 0.19.8 installed) from DeepSpeed's source; every (block, world) answer - batch,
+valid worlds, micro batch, or that it fails - must match. DeepSpeed 0.19.8 itself has no
+``deepspeed/elasticity`` any more and refuses the block (the fixture's ``installed``), so the
+answers are those of the last source that has it (the fixture's ``rev``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ def test_parity_with_deepspeed_over_the_grid() -> None:
             if not same:
                 mismatches.append((case["block"], world, theirs, ours))
     assert not mismatches, (len(mismatches), mismatches[:3])
+
+
+def test_the_fixture_names_the_release_it_was_made_beside() -> None:
+    installed = FIXTURE["installed"]
+    assert installed["version"] == "0.19.8" and not installed["has_elasticity_package"]
+    assert installed["config_answer"]["error"] == "DeepSpeedConfigError"
 
 
 def test_v02_without_a_world_needs_one() -> None:

@@ -14,3 +14,26 @@ def test_the_engine_derives_accumulation_from_the_block() -> None:
     engine, *_ = zerorun.initialize(model=torch.nn.Linear(4, 2), config=ELASTIC)
     assert (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
             engine.gradient_accumulation_steps()) == (24, 4, 6)
+
+
+def test_global_samples_count_the_global_batch_and_survive_a_checkpoint(tmp_path) -> None:
+    from torch.utils.data import TensorDataset
+
+    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 10**6,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+
+    def build():
+        torch.manual_seed(0)
+        return zerorun.initialize(model=torch.nn.Linear(4, 2), config=config, training_data=data)
+
+    engine, _, loader, _ = build()
+    for _, (x, y) in zip(range(6), loader, strict=False):  # 6 micro batches: 3 optimizer steps of 4 samples
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.step()
+    assert (engine.global_steps, engine.global_samples) == (3, 12)
+    engine.save_checkpoint(str(tmp_path))
+    again, _, loader2, _ = build()
+    again.load_checkpoint(str(tmp_path))
+    assert (again.global_steps, again.global_samples) == (3, 12)
+    assert loader2.state_dict()["samples"] == again.global_samples  # one epoch: the loader's position is the same

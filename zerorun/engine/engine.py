@@ -81,6 +81,10 @@ class Engine(DeepSpeedSurface, HfSurface):
         self.scaler = loss_scaler.initial_state(precision.scaler)
         self.micro_steps = 0
         self.global_steps = 0
+        self.global_samples = 0
+        """Samples consumed by every rank together (DeepSpeed's name): ``train_batch_size`` per optimizer
+        step at the world of that step, so it stays right across an elastic restart at another world -
+        a script with its own sampler resumes its global position from it."""
         self.skipped_steps = 0
         self.training_dataloader: TrainingDataLoader | None = None
         """The loader ``initialize(training_data=...)`` built; checkpoints carry its data position."""
@@ -155,6 +159,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         self.scaler = loss_scaler.update(self.scaler, self.precision.scaler, overflow)
         parts.grad_sync.zero()
         self.global_steps += 1
+        self.global_samples += self.config.train_batch_size
         self.throughput.tick()
         self._report()
         if self._trial is not None:

@@ -82,7 +82,8 @@ def _engine_state(ds: DeepSpeedState, engine: Engine) -> dict[str, Any]:
     steps = int(saved.get("global_steps", 0))
     return {
         "counters": {"global_steps": steps, "micro_steps": steps * engine.gradient_accumulation_steps(),
-                     "skipped_steps": int(saved.get("skipped_steps", 0))},
+                     "skipped_steps": int(saved.get("skipped_steps", 0)),
+                     "global_samples": int(saved.get("global_samples", steps * engine.train_batch_size()))},
         "scaler": _scaler_state(ds.loss_scaler, engine),
         "scheduler": _scheduler_state(saved.get("lr_scheduler"), engine.lr_scheduler),
         "param_groups": [{k: v for k, v in g.items() if k not in _IMPLEMENTATION_FLAGS} for g in ds.hyper],

@@ -65,7 +65,7 @@ def capture(engine: Engine) -> dict[str, Any]:
     sched = engine.lr_scheduler
     return {
         "counters": {"global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
-                     "skipped_steps": engine.skipped_steps},
+                     "skipped_steps": engine.skipped_steps, "global_samples": engine.global_samples},
         "scaler": asdict(engine.scaler),
         "scheduler": sched.state_dict() if sched is not None and hasattr(sched, "state_dict") else None,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups],
@@ -86,6 +86,8 @@ def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, sched
     engine.global_steps = counters["global_steps"]
     engine.micro_steps = counters["micro_steps"]
     engine.skipped_steps = counters["skipped_steps"]
+    # a checkpoint from before global_samples: DeepSpeed's fallback (steps x today's global batch)
+    engine.global_samples = counters.get("global_samples", engine.global_steps * engine.train_batch_size())
     engine.scaler = loss_scaler.ScalerState(**saved["scaler"])
     if optimizer_states:
         for group, hyper in zip(engine.optimizer.param_groups, saved["param_groups"], strict=False):
