@@ -42,6 +42,9 @@ LISTEN_SOURCE = (Path(__file__).parent / "probe_listen.py").read_text()
 PROBE_TAG = "zerorun-doctor"
 LISTEN_TAG = "zerorun-doctor-listen"
 IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+FIRST_RETRY = 1.5
+"""Seconds a probe retries a refused connect while the listener, started alongside, may not be up
+yet; a host still refused is probed once more after the listener has said it is up."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,19 @@ def _probe(argv: list[str], timeout: float) -> tuple[int, str, str, float, float
         return 255, "", f"no answer within {timeout:.0f} s", start, time.time()
 
 
+def _probe_all(plan: LaunchPlan, nodes: list[NodePlan] | tuple[NodePlan, ...], runner: RunnerKind, ssh: SshOptions,
+               arg: str, timeout: float) -> list[tuple[int, str, str, float, float]]:
+    with ThreadPoolExecutor(max_workers=min(64, len(nodes))) as pool:
+        return list(pool.map(lambda n: _probe(remote_argv(plan, n, runner, ssh, PROBE_SOURCE, arg), timeout), nodes))
+
+
+def _refused(result: tuple[int, str, str, float, float]) -> bool:
+    answer = _answer(result[1], PROBE_TAG)
+    if result[0] != 0 or answer is None:
+        return False
+    return json.loads(answer)["network"].get("connect", {}).get("result") == "refused"
+
+
 def _host_report(node: NodePlan, result: tuple[int, str, str, float, float]) -> HostReport:
     code, out, err, start, end = result
     answer = _answer(out, PROBE_TAG)
@@ -220,15 +236,20 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
     start = time.time()
     timeout = ssh.connect_timeout + connect_timeout + 10.0
     # the listener and the probes start together (one round trip, not two): a probe retries a refused
-    # connect while the listener may still be starting; its verdict counts only if the listener bound the port
+    # connect briefly while the listener may still be starting; its verdict counts only if the listener bound
+    # the port, and a refusal costs a second round trip for that host alone (not a long retry for everyone)
     listener = Listener(remote_argv(plan, plan.nodes[0], runner, ssh, LISTEN_SOURCE, str(plan.master_port)))
     try:
-        arg = json.dumps({"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd, "connect": True,
-                          "timeout": connect_timeout, "retry": ssh.connect_timeout + 2.0})
-        with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
-            results = list(pool.map(
-                lambda n: _probe(remote_argv(plan, n, runner, ssh, PROBE_SOURCE, arg), timeout), plan.nodes))
+        opts = {"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd, "connect": True,
+                "timeout": connect_timeout, "retry": FIRST_RETRY}
+        results = _probe_all(plan, plan.nodes, runner, ssh, json.dumps(opts), timeout)
         status = listener.status(ssh.connect_timeout + 5.0)
+        refused = [i for i, r in enumerate(results) if status == "ok" and _refused(r)]
+        if refused:  # the listener is up now: a refusal seen again is the network's, not the listener's start
+            again = _probe_all(plan, [plan.nodes[i] for i in refused], runner, ssh,
+                               json.dumps({**opts, "retry": 0.0}), timeout)
+            for i, r in zip(refused, again, strict=True):
+                results[i] = r
     finally:
         listener.close()
     raw = [_host_report(n, r) for n, r in zip(plan.nodes, results, strict=True)]

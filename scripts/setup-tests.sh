@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests' set-up, on top of the main job's (scripts/setup.sh): the ssh server, pdsh,
 # Slurm (slurmctld + slurmd + clients; the tests start their own one-node cluster from a
-# private slurm.conf, no system service is configured) and Open MPI's mpirun that the
+# private slurm.conf, no system service is configured), Open MPI's mpirun and nftables' nft that the
 # launcher tests use (apt, root or sudo), then the dev extras (pytest, ruff, the Hugging
 # Face stack the script tests run) in the same `.venv`. Only what pyproject.toml declares
 # is in that environment, so a dependency the code uses without declaring it fails the
@@ -17,6 +17,7 @@ command -v ssh-keygen >/dev/null 2>&1 || need_apt+=(openssh-client)
     || { [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v salloc >/dev/null 2>&1; } \
     || need_apt+=(slurm-wlm)
 command -v mpirun >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need_apt+=(nftables)  # the doctor's dropped-port test
 if [ ${#need_apt[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     LOG=${TMPDIR:-/tmp}/zerorun-apt.log

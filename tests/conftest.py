@@ -22,3 +22,19 @@ def _no_process_group_left_behind() -> Iterator[None]:
     dist = sys.modules.get("torch.distributed")  # never imported here: no group to tear down, no import to pay
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "netns: needs Linux network namespaces (root, iproute2, sshd); skips with the reason")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many network-namespace tests ran and how many skipped (their reasons are in -ra's list)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for outcome in counts:
+        for report in terminalreporter.stats.get(outcome, []):
+            if "netns" in getattr(report, "keywords", {}) and (report.when == "call" or outcome == "skipped"):
+                counts[outcome] += 1
+    if any(counts.values()):
+        terminalreporter.write_line(f"network-namespace tests: {counts['passed'] + counts['failed']} ran "
+                                    f"({counts['failed']} failed), {counts['skipped']} skipped")

@@ -3,12 +3,14 @@ test creates (``m``: 10.77.1.1, ``b``: 10.77.1.2, joined by a veth pair; ``b`` a
 veth 10.77.9.2 whose peer leads nowhere), each running its own sshd. The doctor runs
 inside ``m`` as a user would on the master. Checked: a clean verdict, an interface that
 does not route (found, and the right one suggested), a port dropped by nftables on the
-master (blocked, timed out; the only finding, so the rest is clean), and a loopback first node replaced by the real route's
+master (blocked, timed out; the only finding, so the rest is clean), a master address where
+nothing listens (refused), and a loopback first node replaced by the real route's
 address. Traffic stays inside the namespaces. Skips, with the reason, where namespaces
 cannot be made (not root, no `ip`, no permission)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +26,7 @@ import pytest
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 ADDRS = {"m": "10.77.1.1", "b": "10.77.1.2"}
+pytestmark = pytest.mark.netns  # counted in the run's summary (tests/conftest.py)
 
 
 @dataclass(frozen=True)
@@ -70,28 +73,54 @@ def _make(names: dict[str, str]) -> None:
         _ip("-n", ns, "link", "set", dev, "up")
 
 
+def _sweep_stale() -> None:
+    """Namespaces an earlier run left behind (killed before its teardown): its pid is gone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    for name in listed:
+        pid = name[3:]
+        if name[:3] in ("zrm", "zrb") and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], names: dict[str, str]) -> None:
+    """Every sshd gone, then the namespaces (their veths go with them), whatever failed before."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for ns in names.values():
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Netns]:
     if os.geteuid() != 0 or not shutil.which("ip") or not os.path.exists(SSHD):
         pytest.skip("network namespaces need root, iproute2 and openssh-server")
+    _sweep_stale()
     names = {k: f"zr{k}{os.getpid()}" for k in ADDRS}
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        _make(names)
-    except subprocess.CalledProcessError as err:
-        for ns in names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        pytest.skip(f"cannot create network namespaces here: {err.stderr.strip()}")
-    root = tmp_path_factory.mktemp("netns")
-    for name in ("host_key", "user_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
-    (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-    procs = [_sshd(root, names[k], addr) for k, addr in ADDRS.items()]
-    shim = root / "shim" / "zerorun-9.9.9.dist-info"  # host b seen through port 2222 has another zerorun
-    shim.mkdir(parents=True)
-    (shim / "METADATA").write_text("Metadata-Version: 2.1\nName: zerorun\nVersion: 9.9.9\n")
-    procs.append(_sshd(root, names["b"], ADDRS["b"], 2222, f"SetEnv PYTHONPATH={shim.parent}"))
-    try:
+        try:
+            _make(names)
+        except subprocess.CalledProcessError as err:
+            pytest.skip(f"cannot create network namespaces here: {err.stderr.strip()}")
+        root = tmp_path_factory.mktemp("netns")
+        for name in ("host_key", "user_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
+        (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        procs += [_sshd(root, names[k], addr) for k, addr in ADDRS.items()]
+        shim = root / "shim" / "zerorun-9.9.9.dist-info"  # host b seen through port 2222 has another zerorun
+        shim.mkdir(parents=True)
+        (shim / "METADATA").write_text("Metadata-Version: 2.1\nName: zerorun\nVersion: 9.9.9\n")
+        procs.append(_sshd(root, names["b"], ADDRS["b"], 2222, f"SetEnv PYTHONPATH={shim.parent}"))
         env = Netns(names, root / "user_key", root)
         deadline = time.monotonic() + 15
         probe = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.5).close()"
@@ -101,11 +130,7 @@ def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Netns]:
                 time.sleep(0.1)
         yield env
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=10)
-        for ns in names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        _stop(procs, names)
 
 
 def _doctor(env: Netns, tmp_path: Path, *extra: str, config: Path | None = None) -> dict:
@@ -146,6 +171,16 @@ def test_a_port_dropped_on_the_master_is_blocked(netns: Netns, tmp_path: Path) -
     assert not data["ok"]
     assert [(f["host"], f["class"]) for f in data["findings"]] == [("10.77.1.2", "port_blocked")]
     assert "timed out" in data["findings"][0]["message"]
+
+
+def test_a_master_where_nothing_listens_is_refused(netns: Netns, tmp_path: Path) -> None:
+    data = _doctor(netns, tmp_path, "--master_addr", ADDRS["b"])  # rank 0 (and the listener) on m, the master b
+    assert not data["ok"]
+    assert [(f["host"], f["class"]) for f in data["findings"]] == [("10.77.1.1", "port_refused"),
+                                                                   ("10.77.1.2", "port_refused")]
+    assert "10.77.1.2:29531 refused the connection" in data["findings"][0]["message"]
+    # the refusal is probed again once the listener is up (no retry then), not retried for ssh's timeout
+    assert all(h["facts"]["network"]["connect"]["seconds"] < 1.0 for h in data["hosts"])
 
 
 def test_a_loopback_first_node_becomes_the_routed_address(netns: Netns, tmp_path: Path) -> None:
