@@ -16,9 +16,9 @@ import time
 
 from zerorun.estimate.counts import human_bytes
 from zerorun.simulate import Simulation
-from zerorun.simulate_compare import STATE_TERMS, compare, moved_bytes, volume
-from zerorun.simulate_model import Decoder, builtin_spec
-from zerorun.simulate_run import ModelChoice, SimRequest, default_config, run
+from zerorun.simulate.compare import STATE_TERMS, compare, moved_bytes, volume
+from zerorun.simulate.model import Decoder, builtin_spec
+from zerorun.simulate.run import ModelChoice, SimRequest, default_config, run
 
 MODELS = {"gpt2-1.5B": ("gpt2", 1_500_000_000), "llama-7B": ("llama", 7_000_000_000),
           "llama-70B": ("llama", 70_000_000_000)}

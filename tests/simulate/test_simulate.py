@@ -3,7 +3,7 @@
 Meta mode (no storage): the 70B Llama shape at worlds 64, 512 and 4096, stages 0-3.
 
 * Model states per rank equal ``estimate``'s to within the bound
-  :func:`~zerorun.simulate_compare.model_state_bound` states: per bucket at most one
+  :func:`~zerorun.simulate.compare.model_state_bound` states: per bucket at most one
   element more per sharded term than ceil(Psi/N) spreads (N - 1 per whole term: the
   bucket's padding), the buckets kept whole under the persistence threshold, and Adam's
   4-byte ``step`` per bucket.
@@ -28,9 +28,9 @@ import pytest
 import torch
 
 from zerorun.simulate import Simulation, SimulationError, from_env, world
-from zerorun.simulate_compare import STATE_TERMS, compare, volume
-from zerorun.simulate_model import Decoder, builtin_spec
-from zerorun.simulate_run import ModelChoice, SimRequest, default_config, run
+from zerorun.simulate.compare import STATE_TERMS, compare, volume
+from zerorun.simulate.model import Decoder, builtin_spec
+from zerorun.simulate.run import ModelChoice, SimRequest, default_config, run
 
 LLAMA_70B = builtin_spec(70 * 10**9, "llama")
 

@@ -13,7 +13,7 @@ from zerorun.errors import UsageError
 from zerorun.estimate import parse_param_count
 
 if TYPE_CHECKING:
-    from zerorun.simulate_run import ModelChoice
+    from zerorun.simulate.run import ModelChoice
 
 WorldOpt = Annotated[int, typer.Option("--world", min=1, help="Ranks in the simulated world.")]
 RankOpt = Annotated[int, typer.Option("--rank", min=0, help="The rank this process plays.")]
@@ -34,8 +34,8 @@ SeqLenOpt = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per sam
 
 def _model_choice(model: Path | None, params: str | None, family: str, seq_len: int,
                   micro_batch: int) -> ModelChoice:
-    from zerorun import simulate_model as sm
-    from zerorun.simulate_run import ModelChoice
+    from zerorun.simulate import model as sm
+    from zerorun.simulate.run import ModelChoice
 
     if (model is None) == (params is None):
         raise UsageError("give exactly one of --model config.json and --params SIZE",
@@ -87,9 +87,9 @@ def command(
       zerorun simulate --world 512 --params 1B --config ds.json --steps 3
     """
     from zerorun.simulate import Simulation
-    from zerorun.simulate_compare import compare
-    from zerorun.simulate_report import render, to_json
-    from zerorun.simulate_run import SimRequest, config_with_stage, run
+    from zerorun.simulate.compare import compare
+    from zerorun.simulate.report import render, to_json
+    from zerorun.simulate.run import SimRequest, config_with_stage, run
 
     cfg = config_with_stage(config, stage)
     micro_batch = int(cfg.get("train_micro_batch_size_per_gpu") or 1)

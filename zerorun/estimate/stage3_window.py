@@ -55,7 +55,7 @@ def decoder_units(shape: ModelShape) -> list[int]:
     """Elements of each stage-3 unit of a decoder, in the order forward runs them.
 
     The embedding, per layer (norm, q, k, v, o, norm, [gate,] up, down), the final norm
-    and an untied head; the module layout of Llama and of :mod:`zerorun.simulate_model`.
+    and an untied head; the module layout of Llama and of :mod:`zerorun.simulate.model`.
     """
     h, kv, f = shape.hidden, shape.kv_dim, shape.ffn_size
     layer = [h, h * h, h * kv, h * kv, h * h, h, *([h * f] if shape.gated_mlp else []), h * f, f * h]

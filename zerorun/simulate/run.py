@@ -3,9 +3,9 @@
 The recipe is a user's: ``zero.Init`` around the model's construction (on the meta
 device in meta mode, so nothing is ever allocated), ``zerorun.initialize``, then
 forward / backward / step K times. Each phase is timed and, on the CPU, measured by
-the kernel (:mod:`zerorun.simulate_peak`); the engine's own bookkeeping
+the kernel (:mod:`zerorun.simulate.peak`); the engine's own bookkeeping
 (``memory_breakdown()``, the collective counters, the gather coordinator's live window)
-is read after it. :mod:`zerorun.simulate_compare` sets these beside the estimate.
+is read after it. :mod:`zerorun.simulate.compare` sets these beside the estimate.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from zerorun.engine.comm.counter import KINDS
 from zerorun.engine.metrics import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
-from zerorun.simulate_peak import measured, return_freed_memory
+from zerorun.simulate.peak import measured, return_freed_memory
 
 PHASES = ("setup", "forward", "backward", "step")
 Counts = dict[str, dict[str, int]]  # kind -> {"calls", "bytes", "elements"}

@@ -1,5 +1,7 @@
 """A simulated world: one process runs the real engine as rank ``r`` of ``N``, on torch's fake process group.
 
+Imported as :mod:`zerorun.simulate`, which re-exports this module's names.
+
     with zerorun.simulate.world(512, rank=7, device="meta"):
         engine, *_ = zerorun.initialize(model=model, config="ds.json")   # rank 7 of 512
     ZERORUN_SIMULATE=512 ZERORUN_SIMULATE_RANK=7 python train.py          # a script, unchanged

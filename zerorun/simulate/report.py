@@ -11,8 +11,8 @@ from dataclasses import asdict
 from typing import Any
 
 from zerorun.estimate.counts import human_bytes
-from zerorun.simulate_compare import STATE_TERMS, Comparison, moved_bytes, volume
-from zerorun.simulate_run import PHASES, Counts, SimResult
+from zerorun.simulate.compare import STATE_TERMS, Comparison, moved_bytes, volume
+from zerorun.simulate.run import PHASES, Counts, SimResult
 
 
 def _traffic(counts: Counts, psi: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from zerorun.estimate import (
 from zerorun.estimate.buffers import window_policy
 from zerorun.estimate.shape import ModelShape
 from zerorun.estimate.stage3_window import Window, decoder_window
-from zerorun.simulate_run import Counts, SimResult
+from zerorun.simulate.run import Counts, SimResult
 
 STATE_TERMS = ("params", "gradients", "master_params", "optimizer_states")
 STEP_SCALAR_BYTES = 4  # torch's Adam/AdamW keep ``step`` as one fp32 scalar per parameter tensor
