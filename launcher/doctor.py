@@ -33,6 +33,7 @@ from launcher.doctor_checks import (
     version_findings,
 )
 from launcher.errors import LaunchError
+from launcher.ifname import IFNAME_VARS, node_ifnames, unset_vars
 from launcher.master import is_here
 from launcher.plan import LaunchPlan, NodePlan
 from launcher.runners import RunnerKind, SshOptions, ssh_target
@@ -41,7 +42,6 @@ PROBE_SOURCE = (Path(__file__).parent / "probe_script.py").read_text()
 LISTEN_SOURCE = (Path(__file__).parent / "probe_listen.py").read_text()
 PROBE_TAG = "zerorun-doctor"
 LISTEN_TAG = "zerorun-doctor-listen"
-IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 FIRST_RETRY = 1.5
 """Seconds a probe retries a refused connect while the listener, started alongside, may not be up
 yet; a host still refused is probed once more after the listener has said it is up."""
@@ -74,8 +74,12 @@ class DoctorReport:
     hosts: tuple[HostReport, ...]
     master_findings: tuple[Finding, ...]
     ifname: str | None
-    """The ``*_SOCKET_IFNAME`` that matches every host's route to the master (None: no advice)."""
+    """The ``NCCL_SOCKET_IFNAME`` list that matches every host's route to the master (None: no advice)."""
     seconds: float
+    interfaces: tuple[tuple[str, str], ...] = ()
+    """``(host, interface)`` of each host's route to the master: what a launch exports per node."""
+    exported: tuple[str, ...] = ()
+    """The interface variables a launch would export (those neither the user nor a host sets)."""
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -98,6 +102,7 @@ class DoctorReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "verdict": self.verdict(), "master": f"{self.master_addr}:{self.master_port}",
                 "runner": self.runner, "seconds": round(self.seconds, 3), "ifname_suggestion": self.ifname,
+                "interfaces": dict(self.interfaces), "exported_by_launch": list(self.exported),
                 "findings": [f.to_dict() for f in self.findings],
                 "hosts": [{"host": h.host, "node_rank": h.node_rank, "slots": h.slots, "ok": h.ok, "facts": h.facts,
                            "clock_offset": h.clock_offset, "seconds": round(h.seconds, 3)} for h in self.hosts]}
@@ -257,5 +262,8 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
     hosts = tuple(_judge(plan, h, ref, status == "ok") for h in raw)
     routes = [h.facts["network"].get("route", {}).get("interface") if h.facts else None for h in hosts]
     ifname = suggest_ifname(routes) if len(plan.nodes) > 1 else None
-    return DoctorReport(plan.master_addr, plan.master_port, runner.value, hosts,
-                        _listener_findings(plan, status), ifname, time.time() - start)
+    facts = [h.facts for h in hosts]
+    per_node = node_ifnames(plan, facts) if len(plan.nodes) > 1 else {}
+    interfaces = tuple((plan.nodes[r].host, name) for r, name in sorted(per_node.items()))
+    return DoctorReport(plan.master_addr, plan.master_port, runner.value, hosts, _listener_findings(plan, status),
+                        ifname, time.time() - start, interfaces, unset_vars(plan, facts) if per_node else ())

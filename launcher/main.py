@@ -24,6 +24,7 @@ from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
 from launcher.filters import NodeSlots, check_exclusive, limit, select
 from launcher.hostfile import Host, find_hosts
+from launcher.ifname import with_ifnames
 from launcher.master import plan_master
 from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
 from launcher.preflight import preflight
@@ -240,11 +241,13 @@ def main(argv: list[str]) -> int:
         raise LaunchError("--json only goes with --dry-run", "add --dry-run, or drop --json")
     if kind is RunnerKind.OPENMPI:
         check_mpirun_as_root(tuple(shlex.split(ns.launcher_args)), os.environ, os.geteuid())
+    ifnames: tuple[dict[int, str], tuple[str, ...]] = ({}, ())
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
-        preflight(plan, ssh_options(ns))
+        ifnames = preflight(plan, ssh_options(ns))
+        plan = with_ifnames(plan, *ifnames)
     say_threads(plan, local)
 
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
-        return plan if restart == 0 or ns.master_port != "auto" else make_plan(ns, nodes, local)[0]
+        return plan if restart == 0 or ns.master_port != "auto" else with_ifnames(make_plan(ns, nodes, local)[0], *ifnames)
 
     return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns)).exit_code

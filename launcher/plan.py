@@ -43,6 +43,9 @@ class NodePlan:
     node_rank: int
     slots: tuple[int, ...]
     ranks: tuple[int, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables only this node's ranks get, over the plan's (the interface of this node's route to
+    the master, launcher/ifname.py)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ class LaunchPlan:
         if opts.get("console_ranks") is not None:
             opts["console_ranks"] = tuple(opts["console_ranks"])
         nodes = tuple(
-            NodePlan(n["host"], n["address"], n["node_rank"], tuple(n["slots"]), tuple(n["ranks"])) for n in data["nodes"]
+            NodePlan(n["host"], n["address"], n["node_rank"], tuple(n["slots"]), tuple(n["ranks"]),
+                     tuple((k, v) for k, v in n.get("env", ()))) for n in data["nodes"]
         )
         return cls(
             job_id=data["job_id"],
@@ -206,6 +210,7 @@ def rank_env(plan: LaunchPlan, node_rank: int, local_rank: int, has_gpu: bool) -
     """The variables one rank gets on top of its node's environment."""
     node = plan.node(node_rank)
     env = dict(plan.env)
+    env.update(node.env)
     env.update(
         RANK=str(node.ranks[local_rank]),
         LOCAL_RANK=str(local_rank),

@@ -5,7 +5,9 @@ directory, and run the same Python and zerorun versions as this machine. ssh's o
 error text is shown for a host that fails. A multi-node launch then runs the cheap
 part of the doctor (launcher/doctor.py: versions across hosts, the master as each
 host resolves it, its route and the master port, free and reachable), so a job that
-cannot rendezvous fails here, not after the backend's timeout. ``--no_ssh_check``
+cannot rendezvous fails here, not after the backend's timeout, and the interface of each
+node's route to the master is exported to its ranks when the user set none
+(launcher/ifname.py). ``--no_ssh_check``
 (also spelt ``--no_preflight``) skips both.
 """
 
@@ -19,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 
-from launcher.doctor import check_hosts
+from launcher.doctor import DoctorReport, check_hosts
 from launcher.errors import PreflightError
+from launcher.ifname import export_ifnames
 from launcher.plan import LaunchPlan
 from launcher.runners import RunnerKind, SshOptions, ssh_target
 
@@ -82,8 +85,11 @@ def _run(argv: list[str], host: str, timeout: float) -> HostCheck:
     return HostCheck(host, done.returncode, done.stdout, done.stderr)
 
 
-def preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
-    """Check every node in parallel; raise PreflightError naming each failing host."""
+def preflight(plan: LaunchPlan, ssh: SshOptions) -> tuple[dict[int, str], tuple[str, ...]]:
+    """Check every node in parallel; raise PreflightError naming each failing host.
+
+    Returns the interfaces to export (launcher/ifname.py: ``{node_rank: interface}`` and the
+    variables the user left unset; empty for one node), already said on stderr."""
     expected = local_versions()
     timeout = ssh.connect_timeout + 30.0
     with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
@@ -95,11 +101,14 @@ def preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
             "fix ssh access (passwordless, BatchMode), install the same Python/zerorun in the same path, "
             "or skip the checks with --no_ssh_check",
         )
-    if len(plan.nodes) > 1:
-        network_preflight(plan, ssh)
+    if len(plan.nodes) <= 1:
+        return {}, ()
+    report = network_preflight(plan, ssh)
+    _, ifnames, variables = export_ifnames(plan, [h.facts for h in report.hosts])
+    return ifnames, variables
 
 
-def network_preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
+def network_preflight(plan: LaunchPlan, ssh: SshOptions) -> DoctorReport:
     """The doctor's checks of a multi-node plan; raise PreflightError with every error's class and fix."""
     report = check_hosts(plan, RunnerKind.SSH, ssh)
     for f in report.findings:
@@ -113,3 +122,4 @@ def network_preflight(plan: LaunchPlan, ssh: SshOptions) -> None:
             "fix the above (`zerorun doctor` with the same hostfile shows every check), or skip the checks "
             "with --no_preflight",
         )
+    return report

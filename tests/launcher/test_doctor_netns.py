@@ -4,7 +4,8 @@ veth 10.77.9.2 whose peer leads nowhere), each running its own sshd. The doctor 
 inside ``m`` as a user would on the master. Checked: a clean verdict, an interface that
 does not route (found, and the right one suggested), a port dropped by nftables on the
 master (blocked, timed out; the only finding, so the rest is clean), a master address where
-nothing listens (refused), and a loopback first node replaced by the real route's
+nothing listens (refused), a launch whose ranks get their node's own routing interface as
+NCCL_/GLOO_SOCKET_IFNAME (said in one line), and a loopback first node replaced by the real route's
 address. Traffic stays inside the namespaces. Skips, with the reason, where namespaces
 cannot be made (not root, no `ip`, no permission)."""
 
@@ -190,6 +191,19 @@ def test_a_loopback_first_node_becomes_the_routed_address(netns: Netns, tmp_path
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["master_addr"] == "10.77.1.1"
     assert "zerorun: master 10.77.1.1 instead of localhost" in out.stderr
+
+
+@pytest.mark.timeout(100)
+def test_a_launch_exports_each_nodes_routing_interface(netns: Netns, tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("10.77.1.1 slots=1\n10.77.1.2 slots=1\n")
+    (tmp_path / "env.py").write_text("import os\nprint('ifnames', os.environ.get('NCCL_SOCKET_IFNAME'), "
+                                     "os.environ.get('GLOO_SOCKET_IFNAME'))\n")  # no torch: the env is the point
+    out = netns.run("m", sys.executable, "-m", "zerorun.cli", "-H", "hostfile", *netns.ssh_args(), "--master_port",
+                    "29532", "env.py", cwd=tmp_path, timeout=100)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ("zerorun: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME unset: each node's ranks use the interface of its "
+            "route to the master (10.77.1.1: vm0, 10.77.1.2: vb0)") in out.stderr
+    assert "[10.77.1.1:0] ifnames vm0 vm0" in out.stdout and "[10.77.1.2:1] ifnames vb0 vb0" in out.stdout
 
 
 def test_a_version_mismatch_names_the_host_and_both_versions(netns: Netns, tmp_path: Path) -> None:

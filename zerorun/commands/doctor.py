@@ -106,9 +106,12 @@ def show(report: DoctorReport, console: Console) -> None:
     for f in report.findings:
         tag = "[red]error[/]" if f.error else "[yellow]warning[/]"
         console.print(f"{tag} \\[{f.problem.value}] {f.message}\n    fix: {f.fix}", highlight=False)
-    if report.ifname:
-        console.print(f"interface: NCCL_SOCKET_IFNAME={report.ifname} GLOO_SOCKET_IFNAME={report.ifname} "
-                      "(the route to the master on every host)", highlight=False)
+    if report.interfaces:
+        names = {name for _, name in report.interfaces}
+        where = names.pop() if len(names) == 1 else ", ".join(f"{h}={n}" for h, n in report.interfaces)
+        said = (f"a launch exports it per node as {' and '.join(report.exported)}" if report.exported
+                else "the user's or the hosts' *_SOCKET_IFNAME stay as set")
+        console.print(f"interface: the route to the master leaves by {where} ({said})", highlight=False)
     console.print(("[green]" if report.ok else "[red]") + report.verdict() + "[/]", highlight=False)
 
 
