@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.collective_check import CollectiveReport
 from launcher.doctor_checks import (
     Finding,
     Problem,
@@ -80,10 +81,13 @@ class DoctorReport:
     """``(host, interface)`` of each host's route to the master: what a launch exports per node."""
     exported: tuple[str, ...] = ()
     """The interface variables a launch would export (those neither the user nor a host sets)."""
+    collective: CollectiveReport | None = None
+    """The real collective over every rank (launcher/collective_check.py); None: not asked for."""
 
     @property
     def findings(self) -> tuple[Finding, ...]:
-        return self.master_findings + tuple(f for h in self.hosts for f in h.findings)
+        late = self.collective.findings if self.collective else ()
+        return self.master_findings + tuple(f for h in self.hosts for f in h.findings) + late
 
     @property
     def ok(self) -> bool:
@@ -105,7 +109,8 @@ class DoctorReport:
                 "interfaces": dict(self.interfaces), "exported_by_launch": list(self.exported),
                 "findings": [f.to_dict() for f in self.findings],
                 "hosts": [{"host": h.host, "node_rank": h.node_rank, "slots": h.slots, "ok": h.ok, "facts": h.facts,
-                           "clock_offset": h.clock_offset, "seconds": round(h.seconds, 3)} for h in self.hosts]}
+                           "clock_offset": h.clock_offset, "seconds": round(h.seconds, 3)} for h in self.hosts],
+                "collective": self.collective.to_dict() if self.collective else None}
 
 
 def remote_argv(plan: LaunchPlan, node: NodePlan, runner: RunnerKind, ssh: SshOptions, source: str, arg: str) -> list[str]:

@@ -49,6 +49,8 @@ class Problem(str, Enum):
     PORT_IN_USE = "port_in_use"
     PORT_REFUSED = "port_refused"
     PORT_TIMEOUT = "port_blocked"
+    COLLECTIVE_FAILED = "collective_failed"
+    COLLECTIVE_HANG = "collective_hang"
 
 
 @dataclass(frozen=True)

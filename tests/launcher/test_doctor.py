@@ -149,3 +149,39 @@ def test_doctor_command_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.M
         assert main(["doctor", "--master-port", str(busy.getsockname()[1])]) == 1
     out = capsys.readouterr().out
     assert "port_in_use" in out and "not ready: 1 error(s) on localhost" in out
+
+
+def test_the_collective_launch_is_judged() -> None:
+    from launcher.collective_check import CollectiveReport, judge
+
+    hosts = ["a", "b"]
+    ok = '[a:0] zerorun-doctor-collective {"world": 2, "gloo_ok": true, "gloo_seconds": 0.001, "links": []}\n'
+    assert judge(hosts, 0, ok, "", 90) == ({"world": 2, "gloo_ok": True, "gloo_seconds": 0.001, "links": []}, [])
+    _, hang = judge(hosts, None, "[b:1] waiting\n", "", 90)
+    assert [f.problem for f in hang] == [Problem.COLLECTIVE_HANG] and "within 90 s" in hang[0].message
+    assert "[b:1] waiting" in hang[0].message and "not only the master port" in hang[0].fix
+    _, failed = judge(hosts, 1, "[a:0] RuntimeError: Connection refused\n", "zerorun: rank 0 on a failed (exit code 1)\n", 90)
+    assert [f.problem for f in failed] == [Problem.COLLECTIVE_FAILED]
+    assert "RuntimeError: Connection refused" in failed[0].message and "rank 0 on a failed" in failed[0].message
+    _, wrong = judge(hosts, 0, ok.replace('"gloo_ok": true', '"gloo_ok": false'), "", 90)
+    assert "gloo all-reduce over 2 ranks gave a wrong sum" in wrong[0].message
+    links = ({"a": "a", "b": "b", "latency_us": 50.0, "bytes_per_s": 2e9},
+             {"a": "a", "b": "c", "latency_us": 80.0, "bytes_per_s": 1e8}, {"a": "b", "b": "c", "latency_us": 60.0,
+                                                                           "bytes_per_s": 9e8})
+    assert CollectiveReport(("a", "b", "c"), {}, (), 1.0, links=links).slowest == links[1]
+
+
+def test_the_link_matrix_and_the_slowest_link_are_shown() -> None:
+    from rich.console import Console
+
+    from launcher.collective_check import CollectiveReport
+    from zerorun.commands.doctor import show_collective
+
+    links = ({"a": "a", "b": "b", "latency_us": 50.0, "bytes_per_s": 2e9},
+             {"a": "a", "b": "c", "latency_us": 80.0, "bytes_per_s": 1e8}, {"a": "b", "b": "c", "latency_us": 60.0,
+                                                                           "bytes_per_s": 9e8})
+    console = Console(record=True, width=120)
+    show_collective(CollectiveReport(("a", "b", "c"), {"world": 6, "gloo_seconds": 0.002}, (), 3.0, links=links), console)
+    text = console.export_text()
+    assert "all-reduce over 6 ranks ok (gloo 2.0 ms)" in text and "slowest link: a - c (100 MB/s, 80 us)" in text
+    assert "50 us, 2000 MB/s" in text and "60 us, 900 MB/s" in text

@@ -1,5 +1,5 @@
 """The doctor over real ssh (the sshd of launcher_conftest on 127.0.0.2 and 127.0.0.3): both
-"hosts" checked in parallel, and a multi-node launch whose master port is taken fails in
+"hosts" checked in parallel, the real collective over both (all-reduce, the link matrix), and a multi-node launch whose master port is taken fails in
 the preflight, before any rank starts, with the class and the fix."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from launcher_conftest import SCRIPTS, SshServer, sshd, zerorun_argv  # noqa: F401
 
 
@@ -25,7 +26,8 @@ def _free_port() -> int:
 
 def test_doctor_checks_both_hosts_over_ssh(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
     hostfile = sshd.hostfile(tmp_path / "hostfile")
-    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(_free_port()), "--json")
+    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(_free_port()), "--json",
+                        "--no-collective")
     start = time.monotonic()
     out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     took = time.monotonic() - start
@@ -37,6 +39,19 @@ def test_doctor_checks_both_hosts_over_ssh(sshd: SshServer, tmp_path: Path) -> N
         assert net["resolved"] == ["127.0.0.2"] and net["connect"]["result"] == "ok"  # reached the listener
         assert net["route"]["interface"] == "lo"
     assert took < 15, took
+
+
+@pytest.mark.timeout(150)
+def test_doctor_runs_a_real_collective_and_names_the_slowest_link(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    hostfile = sshd.hostfile(tmp_path / "hostfile", slots=1)  # two nodes: the collective is on by default
+    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(_free_port()), "--json")
+    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=140)
+    assert out.returncode == 0, out.stdout + out.stderr
+    c = json.loads(out.stdout)["collective"]
+    assert c["ran"] and c["findings"] == [] and c["result"]["world"] == 2 and c["result"]["gloo_ok"]
+    [link] = c["links"]  # one pair of nodes, measured for real
+    assert (link["a"], link["b"]) == ("127.0.0.2", "127.0.0.3") and link["bytes_per_s"] > 0 and link["latency_us"] > 0
+    assert c["slowest"] == link
 
 
 def test_launch_with_the_master_port_taken_fails_before_any_rank(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811

@@ -23,6 +23,7 @@ from rich.table import Table
 from zerorun.commands.options import Json
 
 if TYPE_CHECKING:  # the launcher is imported when the command runs, not when the CLI starts
+    from launcher.collective_check import CollectiveReport
     from launcher.doctor import DoctorReport, HostReport
 
 Hostfile = Annotated[str | None, typer.Option("--hostfile", "-H", help="DeepSpeed-style hostfile (default: this machine).")]
@@ -34,6 +35,9 @@ Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh or 
 SshPort = Annotated[int | None, typer.Option("--ssh-port", help="ssh port on every host.")]
 SshArgs = Annotated[str | None, typer.Option("--ssh-args", help="Extra ssh arguments, one quoted string.")]
 Env = Annotated[list[str] | None, typer.Option("--env", help="K=V exported to the ranks (checks *_SOCKET_IFNAME).")]
+Collective = Annotated[bool | None, typer.Option(
+    "--collective/--no-collective",
+    help="Also launch a gloo all-reduce over every rank and time each node pair (default: on for several nodes).")]
 
 
 def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None, master_addr: str | None,
@@ -51,8 +55,13 @@ def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None
     return [*argv, "zerorun-doctor"]
 
 
-def run_doctor(argv: list[str]) -> DoctorReport:
+def run_doctor(argv: list[str], collective: bool | None = False) -> DoctorReport:
+    """The checks of the plan ``argv`` makes; then the real collective when ``collective`` (None:
+    when the plan has several nodes), only if the checks found no error."""
+    import dataclasses
+
     from launcher.args import parse_args
+    from launcher.collective_check import run_collective, skipped
     from launcher.doctor import check_hosts
     from launcher.main import choose_runner, make_plan, resolve_nodes, ssh_options
 
@@ -60,7 +69,12 @@ def run_doctor(argv: list[str]) -> DoctorReport:
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
     plan, _ = make_plan(ns, nodes, local)
-    return check_hosts(plan, kind, ssh_options(ns))
+    report = check_hosts(plan, kind, ssh_options(ns))
+    if not (collective or (collective is None and len(plan.nodes) > 1)):
+        return report
+    hosts = [n.host for n in plan.nodes]
+    done = run_collective(argv[:-1], hosts) if report.ok else skipped(hosts, "the checks above found errors")
+    return dataclasses.replace(report, collective=done)
 
 
 def _mib(n: int | None) -> str:
@@ -112,15 +126,45 @@ def show(report: DoctorReport, console: Console) -> None:
         said = (f"a launch exports it per node as {' and '.join(report.exported)}" if report.exported
                 else "the user's or the hosts' *_SOCKET_IFNAME stay as set")
         console.print(f"interface: the route to the master leaves by {where} ({said})", highlight=False)
+    if report.collective is not None:
+        show_collective(report.collective, console)
     console.print(("[green]" if report.ok else "[red]") + report.verdict() + "[/]", highlight=False)
+
+
+def show_collective(c: CollectiveReport, console: Console) -> None:
+    """The collective's line, the node-pair matrix (latency / bandwidth) and its slowest link."""
+    if c.skipped:
+        console.print(f"collective: not run ({c.skipped})", highlight=False)
+        return
+    if c.result is None:
+        return  # its finding says why
+    r = c.result
+    nccl = f", nccl {r['nccl_seconds'] * 1e3:.1f} ms" if "nccl_seconds" in r else ""
+    console.print(f"collective: all-reduce over {r['world']} ranks ok (gloo {r['gloo_seconds'] * 1e3:.1f} ms{nccl}), "
+                  f"launched and done in {c.seconds:.1f} s", highlight=False)
+    if not c.links:
+        return
+    table = Table(title="links between nodes (latency, bandwidth)", title_justify="left")
+    table.add_column("")
+    for h in c.hosts[1:]:
+        table.add_column(h)
+    cells = {(x["a"], x["b"]): f"{x['latency_us']:.0f} us, {x['bytes_per_s'] / 1e6:.0f} MB/s" for x in c.links}
+    for a in c.hosts[:-1]:
+        table.add_row(a, *(cells.get((a, b), "") for b in c.hosts[1:]))
+    console.print(table)
+    slow = c.slowest
+    if slow is not None:
+        console.print(f"slowest link: {slow['a']} - {slow['b']} ({slow['bytes_per_s'] / 1e6:.0f} MB/s, "
+                      f"{slow['latency_us']:.0f} us)", highlight=False)
 
 
 def command(
     hostfile: Hostfile = None, include: Include = None, exclude: Exclude = None, master_addr: MasterAddr = None,
     master_port: MasterPort = "29500", launcher: Launcher = None, ssh_port: SshPort = None, ssh_args: SshArgs = None,
-    env: Env = None, as_json: Json = False,
+    env: Env = None, collective: Collective = None, as_json: Json = False,
 ) -> int:
-    """Check every host a launch would use: versions, GPUs, limits, clocks, the route and port to the master.
+    """Check every host a launch would use: versions, GPUs, limits, clocks, the route and port to the master,
+    then (several nodes, or --collective) a real all-reduce over every rank and the node-pair link matrix.
 
     Examples:
 
@@ -129,7 +173,7 @@ def command(
       zerorun doctor -H hostfiles/two-nodes --json
     """
     report = run_doctor(launcher_argv(hostfile, include, exclude, master_addr, master_port, launcher,
-                                      ssh_port, ssh_args, env or []))
+                                      ssh_port, ssh_args, env or []), collective)
     if as_json:
         data: dict[str, Any] = report.to_dict()
         print(json.dumps(data, indent=2))
