@@ -85,11 +85,9 @@ def _run(argv: list[str], host: str, timeout: float) -> HostCheck:
     return HostCheck(host, done.returncode, done.stdout, done.stderr)
 
 
-def preflight(plan: LaunchPlan, ssh: SshOptions) -> tuple[dict[int, str], tuple[str, ...]]:
-    """Check every node in parallel; raise PreflightError naming each failing host.
-
-    Returns the interfaces to export (launcher/ifname.py: ``{node_rank: interface}`` and the
-    variables the user left unset; empty for one node), already said on stderr."""
+def ssh_check(plan: LaunchPlan, ssh: SshOptions) -> None:
+    """Every node reachable, with the working directory and this machine's Python and zerorun;
+    raise PreflightError naming each failing host."""
     expected = local_versions()
     timeout = ssh.connect_timeout + 30.0
     with ThreadPoolExecutor(max_workers=min(64, len(plan.nodes))) as pool:
@@ -101,16 +99,33 @@ def preflight(plan: LaunchPlan, ssh: SshOptions) -> tuple[dict[int, str], tuple[
             "fix ssh access (passwordless, BatchMode), install the same Python/zerorun in the same path, "
             "or skip the checks with --no_ssh_check",
         )
-    if len(plan.nodes) <= 1:
+
+
+def preflight(plan: LaunchPlan, ssh: SshOptions) -> tuple[dict[int, str], tuple[str, ...]]:
+    """Check every node in parallel; raise PreflightError naming each failing host.
+
+    The ssh check and (several nodes) the doctor's network checks run at the same time, so
+    the network part costs about nothing on top; the ssh check's verdict comes first.
+    Returns the interfaces to export (launcher/ifname.py: ``{node_rank: interface}`` and the
+    variables the user left unset; empty for one node), already said on stderr."""
+    with ThreadPoolExecutor(max_workers=1) as side:
+        doctor = side.submit(check_hosts, plan, RunnerKind.SSH, ssh) if len(plan.nodes) > 1 else None
+        ssh_check(plan, ssh)
+        report = doctor.result() if doctor is not None else None
+    if report is None:
         return {}, ()
-    report = network_preflight(plan, ssh)
+    judge_network(report)
     _, ifnames, variables = export_ifnames(plan, [h.facts for h in report.hosts])
     return ifnames, variables
 
 
 def network_preflight(plan: LaunchPlan, ssh: SshOptions) -> DoctorReport:
     """The doctor's checks of a multi-node plan; raise PreflightError with every error's class and fix."""
-    report = check_hosts(plan, RunnerKind.SSH, ssh)
+    return judge_network(check_hosts(plan, RunnerKind.SSH, ssh))
+
+
+def judge_network(report: DoctorReport) -> DoctorReport:
+    """Print the doctor's warnings; raise PreflightError with every error's class and fix."""
     for f in report.findings:
         if not f.error:
             print(f"zerorun: warning: [{f.problem.value}] {f.message} (fix: {f.fix})", file=sys.stderr)
