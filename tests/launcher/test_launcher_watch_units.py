@@ -1,18 +1,26 @@
 """The watch's pure parts on synthetic beats: the live table (rich's capture), the plain line, the
-summary, stragglers, the stall verdict's grouping, the stall timeout, and the agent's beat check."""
+summary, stragglers, the stall verdict's grouping, the stall timeout, the agent's beat check, and
+the watch's answer to a stall (stop, or --on_stall report) over a stand-in executor."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 from rich.console import Console
 
 from launcher.heartbeat_relay import checked_beat
 from launcher.heartbeats import Board
 from launcher.liveview import plain_line, table
-from launcher.stall import RankPlace, StallPolicy, parse_stacks, rank_list, verdict
+from launcher.protocol import Command, Event
+from launcher.runners import PayloadMode
+from launcher.stall import STALL_EXIT, RankPlace, StallPolicy, parse_stacks, rank_list, verdict
 from launcher.stragglers import StragglerTracker
 from launcher.summary import summary
+from launcher.watch import RunWatch, WatchOptions
 
 
 def _board() -> Board:
@@ -85,3 +93,60 @@ def test_the_agent_keeps_only_well_formed_fields_of_a_beat() -> None:
     beat = checked_beat(json.dumps({"v": 1, "step": 3, "phase": "x" * 500, "rank": 7, "mem": {"rss": -1}}).encode())
     assert beat == {"v": 1, "step": 3}  # no rank field is ever taken from a beat; bad values dropped
     assert checked_beat(b"[rank 0] step 3") is None and checked_beat(b'{"v": 2}') is None
+
+
+class _Run:
+    command = SimpleNamespace(payload=PayloadMode.STDIN)
+
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+
+    def send(self, cmd: Command, close: bool = False) -> None:
+        self.sent.append(cmd)
+
+
+class _Executor:
+    def __init__(self) -> None:
+        self.runs, self.stopping_since, self.stops = [_Run()], None, 0
+
+    def stop_all(self) -> None:
+        self.stops, self.stopping_since = self.stops + 1, 1.0
+
+
+def _stall_once(w: RunWatch, ex: _Executor, step: int) -> None:
+    """Rank 0 waits in a reduce-scatter, rank 1 is elsewhere; then the stall timeout passes and both send stacks."""
+    run = ex.runs[0]
+    w.on_event(run, Event("heartbeat", {"node_rank": 0, "rank": 0, "beat": {
+        "step": step, "phase": "backward", "issued": [step * 10, "reduce_scatter", 64, "fp32"],
+        "completed": [step * 10 - 1, "all_reduce", 1, "fp32"], "steps": [[step, 0.01, 0.0]]}}))
+    w.on_event(run, Event("heartbeat", {"node_rank": 0, "rank": 1, "beat": {
+        "step": step, "phase": "script", "steps": [[step, 0.01, 0.0]]}}))
+    time.sleep(0.12)
+    w.tick(ex)  # past the timeout: every agent is asked for its ranks' stacks
+    for rank in (0, 1):
+        line = f'  File "/w/train.py", line {64 + rank} in <module>'
+        w.on_event(run, Event("stacks", {"node_rank": 0, "rank": rank, "lines": ["Current thread 0x1:", line]}))
+    w.tick(ex)  # every rank answered: the verdict
+
+
+def test_on_stall_report_keeps_waiting_and_reports_again_after_progress(tmp_path: Path) -> None:
+    opts = WatchOptions(quiet=True, stall=StallPolicy(0.05, 0.05), on_stall="report",
+                        report_json=str(tmp_path / "v.json"), log_dir=str(tmp_path / "logs"))
+    err, ex = io.StringIO(), _Executor()
+    w = RunWatch(opts, 2, "job", err=err)
+    w.on_event(ex.runs[0], Event("started", {"node_rank": 0, "host": "h", "pids": {"0": 5, "1": 6}}))
+    _stall_once(w, ex, 1)
+    assert ex.runs[0].sent == [Command.STACKS] and len(w.verdicts) == 1
+    assert json.loads((tmp_path / "v.json").read_text())["culprits"] == [1]
+    time.sleep(0.12)
+    w.tick(ex)
+    assert ex.runs[0].sent == [Command.STACKS]  # the same stall is reported once
+    _stall_once(w, ex, 2)  # progress (step 2), then a stall anew: reported again
+    assert len(w.verdicts) == 2 and (tmp_path / "logs" / "stall-stacks-2.txt").exists()
+    assert (ex.stops, w.exit_code) == (0, None) and "stopping" not in err.getvalue()
+    assert "stalled: rank 1 (h) is in script at train.py:65; rank 0 (h) waits in reduce_scatter #20" in err.getvalue()
+    stop = RunWatch(WatchOptions(quiet=True, stall=StallPolicy(0.05, 0.05), log_dir=str(tmp_path / "logs")), 2, "j",
+                    err=io.StringIO())
+    stop.on_event(ex.runs[0], Event("started", {"node_rank": 0, "host": "h", "pids": {"0": 5, "1": 6}}))
+    _stall_once(stop, ex, 1)
+    assert (ex.stops, stop.exit_code) == (1, STALL_EXIT)  # the default: stop every rank, exit status 124

@@ -1,9 +1,9 @@
 """A small ZeRO-2 job on gloo that goes wrong on purpose, for the launcher's stall tests.
 
---mode skip      rank 2 skips its backward at step 3 (a data-dependent branch): its peers wait
-                 in that backward's reduce-scatter, rank 2 in the step's all-reduce
---mode spin      rank 1 spins in a loop of its own at step 3 (SPIN_LINE below)
---mode healthy   a slow first step (--first_step_s), a straggler (--slow_rank sleeps
+--skip_rank R    rank R skips its backward at step 3 (a data-dependent branch): its peers wait
+                 in that backward's reduce-scatter, rank R in the step's all-reduce
+--spin_rank R    rank R spins in a loop of its own at step 3 (SPIN_LINE below)
+otherwise        a slow first step (--first_step_s), a straggler (--slow_rank sleeps
                  --slow_s every step) and a slow checkpoint save (--save_s), then success
 """
 
@@ -19,7 +19,8 @@ import zerorun
 
 p = argparse.ArgumentParser()
 p.add_argument("--local_rank", type=int)
-p.add_argument("--mode", choices=["skip", "spin", "healthy"], required=True)
+p.add_argument("--skip_rank", type=int, default=-1)
+p.add_argument("--spin_rank", type=int, default=-1)
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--first_step_s", type=float, default=0.0)
 p.add_argument("--slow_rank", type=int, default=-1)
@@ -30,20 +31,22 @@ args = p.parse_args()
 rank = int(os.environ["RANK"])
 
 
-def slow_save(obj, f, *a, **kw):  # a slow filesystem: the bytes go out in pieces, over save_s seconds
+def slow_save(obj, f, *a, **kw):  # a slow filesystem: the save's first file goes out in pieces, over save_s seconds
+    global slow_left
     buf = io.BytesIO()
     real_save(obj, buf, *a, **kw)
     data, pieces = buf.getvalue(), 10
+    pause, slow_left = slow_left / pieces, 0.0  # a save writes several files: the first takes the whole time
     out = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f  # noqa: SIM115
     for i in range(pieces):
         out.write(data[i * len(data) // pieces:(i + 1) * len(data) // pieces])
         out.flush()
-        time.sleep(args.save_s / pieces)
+        time.sleep(pause)
     if out is not f:
         out.close()
 
 
-real_save = torch.save
+real_save, slow_left = torch.save, args.save_s
 if args.save_s:
     torch.save = slow_save
 
@@ -57,12 +60,12 @@ for step in range(args.steps):
         time.sleep(args.first_step_s)  # first-step compilation, as far as the launcher can tell
     if rank == args.slow_rank:
         time.sleep(args.slow_s)
-    if args.mode == "spin" and rank == 1 and step == 3:
+    if rank == args.spin_rank and step == 3:
         x = 0
         while True:  # SPIN_LINE
             x += 1
     loss = engine(torch.randn(2, 8)).square().mean()
-    if not (args.mode == "skip" and rank == 2 and step == 3):
+    if not (rank == args.skip_rank and step == 3):
         engine.backward(loss)
     engine.step()
     if step == 2 and args.save_dir:
