@@ -54,5 +54,6 @@ def test_first_install_command_runs_the_main_job_from_a_clean_venv(tmp_path: Pat
     assert job.returncode == 0, transcript
     lines = transcript.splitlines()
     assert "[localhost:0] step   6  mean loss" in transcript and "Traceback" not in transcript
+    assert "zerorun: run summary: 2 rank(s) on 1 node(s)" in transcript and "6 step(s), exit code 0" in transcript
     assert sum("OMP_NUM_THREADS" in line for line in lines) == 1, transcript  # said once
     assert len(lines) < 25, transcript

@@ -6,14 +6,22 @@ loop: its file:line is named; (c) a rank sleeps 3x the step time every step: a s
 the run still ends with 0; (d) a slow first step and a slow checkpoint save raise no stall.
 (a) and (b) share one launch of 4 ranks (rank 2 spins, rank 3 skips, ranks 0,1 wait): a
 launch is mostly its ranks' start-up, and the verdict must then tell two culprits apart.
+(c) and (d) run on a terminal (a pty): the live table is drawn around the ranks' output.
 The shared-memory lane is off (ZERORUN_SHARED_MEMORY=0): across hosts there is none, and
 it would name a mismatch itself before the launcher does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import select
+import struct
 import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -34,6 +42,29 @@ def _launch(tmp_path: Path, world: int, *args: str, view: tuple[str, ...] = ("--
                         "--env", "ZERORUN_SHARED_MEMORY=0", "--env", "ZERORUN_HEARTBEAT_S=0.5", SCRIPT, *args)
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - start
+
+
+def _on_a_terminal(argv: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run ``argv`` with a 200-column pty as its stdout and stderr; the exit status and the text, escapes removed."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 200, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "200"}
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 1.0)[0]:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: no process holds the terminal any more
+                break
+            if not data:
+                break
+            chunks.append(data)
+    os.close(master)
+    rc = proc.wait(timeout=10)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "", b"".join(chunks).decode(errors="replace"))
+    return rc, text
 
 
 def _line(marker: str) -> int:
@@ -66,14 +97,21 @@ def test_a_skipped_collective_and_a_spinning_rank_are_named_with_what_the_others
 @pytest.mark.timeout(150)
 def test_a_straggler_is_named_and_slow_set_up_and_saves_are_no_stall(tmp_path: Path) -> None:
     # step ~0.1 s; rank 2 sleeps 0.3 s more each step; the first step and the save each take 2x the stall timeout
-    proc, _ = _launch(tmp_path, 3, "--steps", "10", "--slow_rank", "2", "--slow_s", "0.3",
-                      "--first_step_s", str(2 * STALL_S), "--save_s", str(2 * STALL_S),
-                      "--save_dir", str(tmp_path / "ckpt"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "stalled" not in proc.stderr and not (tmp_path / "verdict.json").exists()
-    assert "ranks alive" not in proc.stderr  # --quiet: no progress lines
-    assert proc.stdout.count("done") == 3 and (tmp_path / "ckpt" / "latest").exists()
-    assert "zerorun: rank 2 (localhost) is a straggler" in proc.stderr  # in the log as it happens
-    summary = proc.stderr[proc.stderr.index("run summary"):]
+    argv = zerorun_argv("--num_gpus", "3", "--master_port", "auto", "--stall_timeout", str(STALL_S),
+                        "--report_json", str(tmp_path / "verdict.json"), "--env", "ZERORUN_SHARED_MEMORY=0",
+                        "--env", "ZERORUN_HEARTBEAT_S=0.5", SCRIPT, "--steps", "10", "--slow_rank", "2",
+                        "--slow_s", "0.3", "--first_step_s", str(2 * STALL_S), "--save_s", str(2 * STALL_S),
+                        "--save_dir", str(tmp_path / "ckpt"))
+    rc, text = _on_a_terminal(argv, tmp_path, timeout=120)
+    assert rc == 0, text[-3000:]
+    assert "stalled" not in text and not (tmp_path / "verdict.json").exists()
+    assert text.count("] rank ") == 3 and text.count(" done") == 3 and (tmp_path / "ckpt" / "latest").exists()
+    assert "zerorun: rank 2 (localhost) is a straggler" in text  # in the log as it happens
+    # the live table: its headline and a row per rank, rank 2's flagged
+    assert re.search(r"\d+ s \| step \d+ \| [\d.]+ s/step \| 3/3 ranks alive \| [\d.]+ samples/s \| slowest rank 2", text)
+    rows = [line.split() for line in text.splitlines() if line.startswith("localhost ")]
+    assert {r[1] for r in rows} == {"0", "1", "2"} and any(r[1] == "2" and r[-1] == "straggler" for r in rows), rows
+    assert not any(r[1] != "2" and r[-1] == "straggler" for r in rows)
+    summary = text[text.index("run summary"):]
     assert "3 rank(s) on 1 node(s)" in summary and "10 step(s), exit code 0" in summary
     assert "rank 2 (localhost) is a straggler" in summary and "rank 0 (localhost)" not in summary
