@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from launcher.elastic import add_elastic_options
 from launcher.errors import LaunchError
 from launcher.hostnames import MAX_RANKS, bounded_range
 from launcher.parser import LauncherParser
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="print the rank table and the per-node commands, run nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    add_elastic_options(p.add_argument_group("elastic runs"))  # --nnodes MIN:MAX, --rejoin (launcher.elastic)
     add_watch_options(o)  # live view, stall diagnosis, stragglers (launcher.watch_args)
     p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m, or program with --no_python)")
     p.add_argument("script_args", nargs="*", metavar="ARGS", help="the script's own arguments, passed untouched")

@@ -20,6 +20,8 @@ from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
 from launcher.devices import gpu_count, local_gpus, visible_devices
 from launcher.display import dump_json, plan_json, plan_text
+from launcher.elastic import ElasticRun, node_range, world_check
+from launcher.elastic import start as start_membership
 from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
 from launcher.filters import NodeSlots, check_exclusive, limit, select
@@ -100,8 +102,10 @@ def master_port(text: str) -> tuple[int, str | None]:
     return int(text), None
 
 
-def validate_config(path: str, world_size: int, flag: str) -> str:
-    """Check the config file before any rank starts; return its absolute path."""
+def validate_config(path: str, world_size: int, flag: str, keep_global_batch: bool = False) -> str:
+    """Check the config file before any rank starts; return its absolute path.
+
+    ``keep_global_batch``: an elastic launch, whose ranks keep train_batch_size at any world."""
     p = Path(path)
     if p.is_dir() or not p.exists():
         what = "is a directory, not a config file" if p.is_dir() else "does not exist"
@@ -111,7 +115,7 @@ def validate_config(path: str, world_size: int, flag: str) -> str:
     except ImportError:
         print(f"zerorun: note: zerorun.config is not available, {flag} {path} was not validated", file=sys.stderr)
         return str(p.resolve())
-    load_config(str(p), world_size=world_size)
+    load_config(str(p), world_size=world_size, keep_global_batch=keep_global_batch)
     return str(p.resolve())
 
 
@@ -181,9 +185,10 @@ def ssh_options(ns: argparse.Namespace) -> SshOptions:
 
 def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> tuple[LaunchPlan, str | None]:
     world_size = sum(len(n.slots) for n in nodes)
-    config = validate_config(ns.config, world_size, "--config") if ns.config else None
+    keep = node_range(ns) is not None
+    config = validate_config(ns.config, world_size, "--config", keep) if ns.config else None
     for flag, path in script_configs(ns.script_args):
-        validate_config(path, world_size, f"{flag} (a script argument)")
+        validate_config(path, world_size, f"{flag} (a script argument)", keep)
     cwd = Path.cwd()
     env = collect_env(os.environ, default_env_files(cwd, Path.home()), ns.env, Path(ns.env_file) if ns.env_file else None)
     if config:
@@ -227,6 +232,10 @@ def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     policy = RestartPolicy(ns.max_restarts, ns.restart_backoff)
     nodes, local = resolve_nodes(ns)
+    elastic = node_range(ns)  # --nnodes MIN:MAX: the first attempt's nodes; the rest of the pool are spares
+    membership = start_membership(ns, elastic, nodes) if elastic else None
+    check = world_check([c for c in [ns.config, *(p for _, p in script_configs(ns.script_args))] if c])
+    nodes = membership.first(check) if membership else nodes
     kind = choose_runner(ns, nodes, local)
     if not ns.dry_run:
         check_script(ns, local)
@@ -246,6 +255,10 @@ def main(argv: list[str]) -> int:
         ifnames = preflight(plan, ssh_options(ns))
         plan = with_ifnames(plan, *ifnames)
     say_threads(plan, local)
+    if membership is not None:
+        return ElasticRun(ns, membership, policy, kind, ssh_options(ns), local, check,
+                          lambda m: plan if m == nodes else make_plan(ns, m, local)[0],
+                          lambda p: commands_for(ns, p, kind), watch_factory(ns)).run(nodes).exit_code
 
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else with_ifnames(make_plan(ns, nodes, local)[0], *ifnames)

@@ -1,7 +1,8 @@
 """Fixtures for the launcher's multi-process tests (imported by tests/launcher/test_launcher_*.py).
 
 ``sshd``: a real OpenSSH server started by the test, as root, on a free high port of
-the loopback addresses 127.0.0.2 and 127.0.0.3, with host and user keys generated
+the loopback addresses 127.0.0.2 and 127.0.0.3 (and 127.0.0.4, a third node for the elastic
+tests), with host and user keys generated
 in a temporary directory and its own sshd_config. Two "nodes" are those two
 addresses; nothing leaves the machine.
 """
@@ -23,6 +24,9 @@ import pytest
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 NODES = ("127.0.0.2", "127.0.0.3")
+THIRD = "127.0.0.4"
+"""A third loopback "node" the server also listens on (the elastic tests' 3-node pool)."""
+LISTEN = (*NODES, THIRD)
 SCRIPTS = Path(__file__).parent / "launcher_scripts"
 
 
@@ -49,7 +53,7 @@ def _free_port(addr: str) -> int:
 
 
 def _wait_listening(port: int, deadline: float) -> None:
-    for addr in NODES:
+    for addr in LISTEN:
         while True:
             try:
                 socket.create_connection((addr, port), timeout=0.5).close()
@@ -71,7 +75,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     port = _free_port(NODES[0])
     config = root / "sshd_config"
     config.write_text("\n".join([
-        f"Port {port}", *(f"ListenAddress {a}" for a in NODES), f"HostKey {root / 'host_key'}",
+        f"Port {port}", *(f"ListenAddress {a}" for a in LISTEN), f"HostKey {root / 'host_key'}",
         f"AuthorizedKeysFile {root / 'authorized_keys'}", "PermitRootLogin prohibit-password",
         "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
         f"PidFile {root / 'sshd.pid'}", "MaxStartups 100", "MaxSessions 100", "",

@@ -80,11 +80,25 @@ def _loader_state(engine: Engine) -> dict[str, Any] | None:
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
 
 
+def _micro_steps(counters: dict[str, Any], batch: dict[str, Any], accumulation: int) -> int:
+    """The micro-step count re-based to this run's accumulation (an elastic resume changes it).
+
+    The accumulation boundary is ``micro_steps % accumulation``: the saved count at another
+    accumulation would put the boundary mid-way (2 steps x 2 = 4 micro steps, at 3 per step: a
+    step after 2 micro batches). Micro batches past the saved boundary are carried over as such.
+    """
+    saved_gas = batch.get("gradient_accumulation_steps", accumulation)
+    if saved_gas == accumulation:
+        return int(counters["micro_steps"])
+    steps = int(counters["global_steps"])
+    return steps * accumulation + max(0, int(counters["micro_steps"]) - steps * int(saved_gas))
+
+
 def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
             rng_state: bool = False) -> None:
     counters = saved["counters"]
     engine.global_steps = counters["global_steps"]
-    engine.micro_steps = counters["micro_steps"]
+    engine.micro_steps = _micro_steps(counters, saved.get("batch") or {}, engine.gradient_accumulation_steps())
     engine.skipped_steps = counters["skipped_steps"]
     # a checkpoint from before global_samples: DeepSpeed's fallback (steps x today's global batch)
     engine.global_samples = counters.get("global_samples", engine.global_steps * engine.train_batch_size())

@@ -1,0 +1,203 @@
+"""``--nnodes MIN:MAX`` with ``--max_restarts``: a lost node costs one restart, not the job.
+
+Each attempt runs as ``launcher/restarts.py`` runs one (its own job id, key, live view and
+summary). After a failure the gang is torn down as always; then every host of the pool
+that is not out for good is checked with the doctor's cheap checks (``check_hosts``:
+reachable, versions, the master port; over ssh/pdsh only - a local or slurm/openmpi run
+has nothing to probe), launcher/membership.py picks the next members (the failing
+node sits out; the largest valid world with at least MIN nodes), and the ranks start
+again with ``ZERORUN_ELASTIC=1``: the engine keeps ``train_batch_size`` by re-deriving
+the accumulation (or takes the batch from an ``elasticity`` block) and ``load_checkpoint``
+reshards to the new world. Every change of membership is one line; the end of the run
+prints one row per attempt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from launcher.errors import LaunchError
+from launcher.executor import RunResult
+from launcher.filters import NodeSlots
+from launcher.master import plan_master
+from launcher.membership import Change, Membership, NodeRange, WorldCheck, change_line, parse_nnodes, world_of
+from launcher.plan import LaunchPlan, build_plan
+from launcher.report import Failure, format_report
+from launcher.restarts import RestartPolicy, fresh_attempt, restart_note, run_watched, with_restart_count
+from launcher.runners import NodeCommand, RunnerKind, SshOptions
+from launcher.watch import RunWatch
+
+ELASTIC_ENV = "ZERORUN_ELASTIC"
+"""The ranks' signal to keep the global batch at whatever world they start at (zerorun.engine.api)."""
+
+
+def add_elastic_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--nnodes", metavar="MIN:MAX",
+                       help="elastic: run on MIN to MAX nodes of the hostfile (torchrun's spelling); with "
+                            "--max_restarts a failed node is dropped and the run restarts at the largest valid "
+                            "world, keeping train_batch_size")
+    group.add_argument("--min_nodes", type=int, help="elastic: the fewest nodes to run on (= --nnodes MIN:)")
+    group.add_argument("--max_nodes", type=int, help="elastic: the most nodes to run on (= --nnodes :MAX)")
+    group.add_argument("--rejoin", action="store_true",
+                       help="elastic: a dropped host that answers the checks again joins at the next restart")
+
+
+def node_range(ns: argparse.Namespace) -> NodeRange | None:
+    return parse_nnodes(ns.nnodes, ns.min_nodes, ns.max_nodes)
+
+
+def world_check(configs: list[str]) -> WorldCheck:
+    """Whether every engine config the launcher can see runs at a world, keeping its global batch."""
+
+    def check(world: int) -> str | None:
+        if not configs:
+            return None
+        from zerorun.config import load_config
+        from zerorun.config.problems import ConfigError
+
+        for path in configs:
+            try:
+                load_config(path, world_size=world, keep_global_batch=True)
+            except ConfigError as err:
+                return str(err).splitlines()[-1].strip()
+        return None
+
+    return check
+
+
+@dataclass
+class Attempt:
+    """One row of the membership summary."""
+
+    hosts: tuple[str, ...]
+    world: int
+    ended: str = "running"
+
+
+@dataclass
+class ElasticRun:
+    """Everything an elastic launch needs from main: how to plan, to build commands and to watch."""
+
+    ns: argparse.Namespace
+    membership: Membership
+    policy: RestartPolicy
+    kind: RunnerKind
+    ssh: SshOptions
+    local: bool
+    check: WorldCheck
+    plan_of: Callable[[tuple[NodeSlots, ...]], LaunchPlan]
+    commands_for: Callable[[LaunchPlan], list[NodeCommand]]
+    watch_for: Callable[[LaunchPlan], RunWatch] | None = None
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+    def run(self, members: tuple[NodeSlots, ...]) -> RunResult:
+        restart = 0
+        while True:
+            plan = elastic_plan(self.plan_of(members), restart)
+            self.attempts.append(Attempt(tuple(n.host.name for n in members), world_of(members)))
+            executor, result = run_watched(plan, self.commands_for(plan), self.watch_for, self.err)
+            self.attempts[-1].ended = _ended(result)
+            if result.failures:
+                self.say(format_report(result.failures, plan.world_size, console=executor.once,
+                                       logs_said=self.watch_for is not None))
+            if not result.failures or result.interrupted or restart >= self.policy.max_restarts:
+                if result.failures and not result.interrupted:
+                    self.say(f"zerorun: giving up after {restart} restart(s) (--max_restarts {self.policy.max_restarts})")
+                self.say(self.summary())
+                return result
+            restart += 1
+            change = self.next_members(members, result.failures[0])
+            if change is None:
+                self.say(f"zerorun: giving up: {self.membership.no_world(self.check)}")
+                self.say(self.summary())
+                return result
+            self.say(restart_note(result.failures[0], restart, self.policy, time.time()))
+            line = change_line(members, change)
+            if line:
+                self.say(line)
+            members = change.members
+            try:
+                time.sleep(self.policy.delay(restart))
+            except KeyboardInterrupt:
+                self.say("zerorun: interrupted before the restart; nothing is running")
+                return dataclasses.replace(result, exit_code=130, interrupted=True)
+
+    def next_members(self, members: tuple[NodeSlots, ...], failure: Failure) -> Change | None:
+        failed = _failed_host(members, failure)
+        return self.membership.after_failure(members, failed, failure.exit_code, self.unhealthy(), self.check)
+
+    def unhealthy(self) -> dict[str, str]:
+        """Host -> the first error of the doctor's checks, for every host still in the pool (ssh/pdsh only)."""
+        if self.kind not in (RunnerKind.SSH, RunnerKind.PDSH) or self.ns.no_ssh_check:
+            return {}
+        from launcher.doctor import check_hosts
+
+        candidates = tuple(n for n in self.membership.pool if n.host.name not in self.membership.gone)
+        report = check_hosts(check_plan(self.plan_of(candidates[:1]), candidates, self.ns, self.local),
+                             self.kind, self.ssh)
+        bad: dict[str, str] = {}
+        for finding in report.findings:
+            if finding.error and finding.host not in bad:
+                bad[finding.host] = f"[{finding.problem.value}] {finding.message}"
+        return bad
+
+    def summary(self) -> str:
+        lines = [f"zerorun: elastic membership (--nnodes {self.membership.rng}), one row per attempt:",
+                 f"  {'attempt':>7}  {'nodes':>5}  {'world':>5}  {'hosts':<40} ended"]
+        for i, a in enumerate(self.attempts):
+            lines.append(f"  {i:>7}  {len(a.hosts):>5}  {a.world:>5}  {','.join(a.hosts)[:40]:<40} {a.ended}")
+        return "\n".join(lines)
+
+
+def _failed_host(members: tuple[NodeSlots, ...], failure: Failure) -> str | None:
+    if failure.node_rank is not None and 0 <= failure.node_rank < len(members):
+        return members[failure.node_rank].host.name
+    return next((n.host.name for n in members if failure.host in (n.host.name, n.host.address)), None)
+
+
+def _ended(result: RunResult) -> str:
+    if not result.failures:
+        return f"exit code {result.exit_code}"
+    f = result.failures[0]
+    who = "the command" if f.rank is None else f"rank {f.rank}"
+    return f"{who} on {f.host} failed ({f.describe_code()})"
+
+
+def elastic_plan(plan: LaunchPlan, restart: int) -> LaunchPlan:
+    """The attempt's plan: a fresh job id and key after the first, ``ZERORUN_ELASTIC=1`` and the restart count."""
+    plan = plan if restart == 0 else fresh_attempt(plan)
+    env = dict(with_restart_count(plan, restart).env)
+    env[ELASTIC_ENV] = "1"
+    return dataclasses.replace(plan, env=tuple(sorted(env.items())))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def check_plan(base: LaunchPlan, nodes: tuple[NodeSlots, ...], ns: argparse.Namespace, local: bool) -> LaunchPlan:
+    """A plan of every candidate host, only to check them (no config is validated at its world)."""
+    addr, reason = plan_master(nodes, ns.master_addr, local)
+    return build_plan(nodes, command=base.command, job_id=base.job_id, cwd=base.cwd, python=base.python,
+                      master_addr=addr, master_reason=reason, local=local, env=dict(base.env), options=base.options,
+                      master_port=_free_port() if ns.master_port == "auto" else base.master_port)
+
+
+def start(ns: argparse.Namespace, rng: NodeRange, pool: tuple[NodeSlots, ...]) -> Membership:
+    """The membership of an elastic launch (``--max_restarts 0``: one attempt, on the largest valid world)."""
+    if ns.num_nodes is not None:
+        raise LaunchError("--num_nodes and --nnodes both say how many nodes", "keep one: --nnodes MIN:MAX is elastic")
+    return Membership(pool, rng, rejoin=ns.rejoin)

@@ -1,0 +1,132 @@
+"""``--nnodes 2:3 --max_restarts 1``: a lost node costs one restart; the batch and the data order survive.
+
+Three "nodes" (the test's sshd on 127.0.0.2-4, one gloo rank each) train a tiny ZeRO-2 model
+with a global batch of 12 (accumulation 2 at world 3, 3 at world 2) over 48 samples with ids,
+a checkpoint every 2 steps. Rank 2 (node 127.0.0.4) SIGKILLs itself after step 3: the launcher
+drops that node and restarts at world 2 from step 2's checkpoint, and the run ends with rc 0.
+Every sample id is consumed exactly once per epoch (counting attempt 0 up to the checkpoint
+it resumed from), every step after the restart is 12 samples, and the losses after the
+restart equal those of a run that went from world 3 to 2 on purpose from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from launcher_conftest import NODES, SCRIPTS, THIRD, SshServer, sshd, zerorun_argv  # noqa: F401
+
+from launcher.filters import NodeSlots
+from launcher.hostfile import Host
+from launcher.membership import Membership, NodeRange, change_line, parse_nnodes
+
+
+def _records(log: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(log.glob("rank*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=200)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_node_costs_one_restart_and_nothing_else(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{addr} slots=1\n" for addr in (*NODES, THIRD)))
+    log = tmp_path / "log"
+    log.mkdir()
+    argv = zerorun_argv("--hostfile", str(hostfile), "--launcher", "ssh", "--ssh_port", str(sshd.port),
+                        "--ssh_args", sshd.ssh_args, "--master_port", "auto", "--nnodes", "2:3",
+                        "--max_restarts", "1", "--restart_backoff", "0", "--kill_timeout", "3",
+                        str(SCRIPTS / "train_elastic.py"), "--ckpt", str(tmp_path / "ckpt"), "--log", str(log),
+                        "--kill_rank", "2")
+    run = _run(argv, tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert re.search(r"zerorun: membership: 3 -> 2 node\(s\), world 3 -> 2: 127\.0\.0\.4 out \(its rank failed\); "
+                     r"now 127\.0\.0\.2, 127\.0\.0\.3", run.stderr), run.stderr[-3000:]
+    rows = re.findall(r"^\s+(\d)\s+(\d)\s+(\d)\s+(\S+)\s+(.*)$", run.stderr.split("elastic membership", 1)[1], re.M)
+    assert [r[:4] for r in rows] == [("0", "3", "3", "127.0.0.2,127.0.0.3,127.0.0.4"),
+                                     ("1", "2", "2", "127.0.0.2,127.0.0.3")], run.stderr[-2000:]
+    assert "resumed at global step 2" in run.stdout
+
+    records = _records(log)
+    resumed_from = 2
+    kept = [r for r in records if r["attempt"] == 1 or r["step"] <= resumed_from]
+    for epoch in (0, 1):
+        ids = Counter(i for r in kept if r["epoch"] == epoch for i in r["ids"])
+        assert sorted(ids) == list(range(48)) and set(ids.values()) == {1}, (epoch, ids)
+    per_step = Counter()
+    for r in kept:
+        per_step[r["step"]] += len(r["ids"])
+    assert per_step == dict.fromkeys(range(1, 9), 12)  # the global batch, at world 3 and at world 2
+    assert {r["world"] for r in records if r["attempt"] == 1} == {2}
+    failed_at = float((tmp_path / "failed_at").read_text())
+    first = re.search(r"step 3 t=([\d.]+) world 2", run.stdout)
+    assert first, run.stdout[-2000:]
+    print(f"elastic 3 -> 2: the first step after the restart ended {float(first.group(1)) - failed_at:.2f} s "
+          "after the failure")
+
+    # on purpose: the same step-2 checkpoint, resumed by a plain 2-rank launch
+    purpose = tmp_path / "purpose"
+    shutil.copytree(tmp_path / "ckpt", purpose / "ckpt")
+    (purpose / "ckpt" / "latest").write_text("global_step2")
+    (purpose / "log").mkdir()
+    ref = _run(zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--env", "ZERORUN_ELASTIC=1",
+                            "--env", "ZERORUN_RESTART_COUNT=1", str(SCRIPTS / "train_elastic.py"),
+                            "--ckpt", str(purpose / "ckpt"), "--log", str(purpose / "log")), purpose)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    ours = [(r["step"], r["ids"], r["loss"]) for r in records if r["attempt"] == 1 and r["loss"] is not None]
+    theirs = [(r["step"], r["ids"], r["loss"]) for r in _records(purpose / "log") if r["loss"] is not None]
+    assert ours == theirs and len(ours) == 6 * 3  # steps 3-8, 3 micro batches each on rank 0
+
+
+def _pool(n: int) -> tuple[NodeSlots, ...]:
+    return tuple(NodeSlots(Host(f"h{i}", 1), (0,)) for i in range(n))
+
+
+def test_membership_drops_the_failed_node_and_rejoins_it_at_the_next_restart() -> None:
+    any_world = lambda world: None  # noqa: E731
+    m = Membership(_pool(3), NodeRange(2, 3), rejoin=True)
+    first = m.first(any_world)
+    assert [n.host.name for n in first] == ["h0", "h1", "h2"]
+    change = m.after_failure(first, "h2", 137, {}, any_world)
+    assert change is not None and [n.host.name for n in change.members] == ["h0", "h1"]
+    assert change_line(first, change) == ("zerorun: membership: 3 -> 2 node(s), world 3 -> 2: h2 out (its rank "
+                                          "failed); now h0, h1")
+    again = m.after_failure(change.members, "h1", 1, {}, any_world)  # h2 answers again: it is back
+    assert again is not None and [n.host.name for n in again.members] == ["h0", "h2"] and again.back == ("h2",)
+    assert change_line(change.members, again) == ("zerorun: membership: 2 -> 2 node(s), world 2 -> 2: h1 out (its "
+                                                  "rank failed), h2 in; now h0, h2")
+
+
+def test_membership_without_rejoin_twice_the_same_failure_and_the_last_valid_world() -> None:
+    m = Membership(_pool(4), NodeRange(2, 3))
+    first = m.first(lambda world: None)
+    assert [n.host.name for n in first] == ["h0", "h1", "h2"]  # h3 is a spare
+    change = m.after_failure(first, "h1", 137, {"h2": "[ssh] unreachable"}, lambda world: None)
+    assert change is not None and [n.host.name for n in change.members] == ["h0", "h3"]
+    even = lambda world: None if world % 2 == 0 else "odd"  # noqa: E731
+    m = Membership(_pool(3), NodeRange(1, 3))
+    assert len(m.first(even)) == 2
+    m = Membership(_pool(2), NodeRange(2, 2))  # no world without the suspect: the same gang runs again
+    change = m.after_failure(m.first(lambda world: None), "h1", 7, {}, lambda world: None)
+    assert change is not None and len(change.members) == 2
+    change = m.after_failure(change.members, "h1", 7, {}, lambda world: None)  # twice the same way: out for good
+    assert change is None and "h1" in m.gone
+
+
+def test_nnodes_spellings_and_bad_ranges() -> None:
+    from launcher.errors import LaunchError
+
+    assert parse_nnodes("2:3", None, None) == NodeRange(2, 3)
+    assert parse_nnodes("4", None, None) == NodeRange(4, 4)
+    assert parse_nnodes(None, 2, 5) == NodeRange(2, 5)
+    assert parse_nnodes(None, None, None) is None
+    for bad in (("3:2", None, None), ("a:b", None, None), ("2:3", 2, None), (None, 2, None)):
+        with pytest.raises(LaunchError, match="--nnodes"):
+            parse_nnodes(*bad)
