@@ -150,6 +150,8 @@ class ElasticRun:
         for finding in report.findings:
             if finding.error and finding.host not in bad:
                 bad[finding.host] = f"[{finding.problem.value}] {finding.message}"
+        self.say(f"zerorun: checked {len(candidates)} host(s) in {report.seconds:.1f} s: "
+                 + (f"failing {', '.join(bad)}" if bad else "every one answers"))
         return bad
 
     def summary(self) -> str:

@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,8 +31,29 @@ def _records(log: Path) -> list[dict]:
     return [json.loads(line) for f in sorted(log.glob("rank*.jsonl")) for line in f.read_text().splitlines()]
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=200)
+def _finish(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = proc.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _on_purpose(tmp: Path, purpose: Path) -> subprocess.Popen[str]:
+    """Once the node died (after step 3; step 2's checkpoint is whole, and nothing saves until the
+    restart), a copy of the checkpoint resumed by a plain 2-rank launch: 3 -> 2 on purpose."""
+    deadline = time.monotonic() + 150
+    while not (tmp / "failed_at").is_file():
+        assert time.monotonic() < deadline, "the node never failed"
+        time.sleep(0.1)
+    shutil.copytree(tmp / "ckpt", purpose / "ckpt")
+    assert (purpose / "ckpt" / "latest").read_text().strip() == "global_step2"
+    (purpose / "log").mkdir()
+    argv = zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--env", "ZERORUN_ELASTIC=1", "--env",
+                        "ZERORUN_RESTART_COUNT=1", str(SCRIPTS / "train_elastic.py"), "--ckpt", str(purpose / "ckpt"),
+                        "--log", str(purpose / "log"))
+    return subprocess.Popen(argv, cwd=purpose, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.timeout(300)
@@ -45,7 +67,10 @@ def test_a_killed_node_costs_one_restart_and_nothing_else(sshd: SshServer, tmp_p
                         "--max_restarts", "1", "--restart_backoff", "0", "--kill_timeout", "3",
                         str(SCRIPTS / "train_elastic.py"), "--ckpt", str(tmp_path / "ckpt"), "--log", str(log),
                         "--kill_rank", "2")
-    run = _run(argv, tmp_path)
+    elastic = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    purpose = tmp_path / "purpose"
+    ref = _on_purpose(tmp_path, purpose)  # started beside the restart: one wall time, not two
+    run = _finish(elastic)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     assert re.search(r"zerorun: membership: 3 -> 2 node\(s\), world 3 -> 2: 127\.0\.0\.4 out \(its rank failed\); "
                      r"now 127\.0\.0\.2, 127\.0\.0\.3", run.stderr), run.stderr[-3000:]
@@ -68,18 +93,15 @@ def test_a_killed_node_costs_one_restart_and_nothing_else(sshd: SshServer, tmp_p
     failed_at = float((tmp_path / "failed_at").read_text())
     first = re.search(r"step 3 t=([\d.]+) world 2", run.stdout)
     assert first, run.stdout[-2000:]
-    print(f"elastic 3 -> 2: the first step after the restart ended {float(first.group(1)) - failed_at:.2f} s "
-          "after the failure")
+    stopped = re.search(r"every rank stopped ([\d.]+) s later", run.stderr)
+    checked = re.search(r"zerorun: checked 3 host\(s\) in ([\d.]+) s: every one answers", run.stderr)
+    assert stopped and checked, run.stderr[-2000:]
+    print(f"elastic 3 -> 2: the first step after the restart ended {float(first.group(1)) - failed_at:.2f} s after "
+          f"the failure (every rank stopped {stopped.group(1)} s after it, the hosts checked in {checked.group(1)} s)")
 
-    # on purpose: the same step-2 checkpoint, resumed by a plain 2-rank launch
-    purpose = tmp_path / "purpose"
-    shutil.copytree(tmp_path / "ckpt", purpose / "ckpt")
-    (purpose / "ckpt" / "latest").write_text("global_step2")
-    (purpose / "log").mkdir()
-    ref = _run(zerorun_argv("--num_gpus", "2", "--master_port", "auto", "--env", "ZERORUN_ELASTIC=1",
-                            "--env", "ZERORUN_RESTART_COUNT=1", str(SCRIPTS / "train_elastic.py"),
-                            "--ckpt", str(purpose / "ckpt"), "--log", str(purpose / "log")), purpose)
+    ref = _finish(ref)
     assert ref.returncode == 0, ref.stderr[-3000:]
+    assert "resumed at global step 2" in ref.stdout
     ours = [(r["step"], r["ids"], r["loss"]) for r in records if r["attempt"] == 1 and r["loss"] is not None]
     theirs = [(r["step"], r["ids"], r["loss"]) for r in _records(purpose / "log") if r["loss"] is not None]
     assert ours == theirs and len(ours) == 6 * 3  # steps 3-8, 3 micro batches each on rank 0
