@@ -37,3 +37,13 @@ def test_global_samples_count_the_global_batch_and_survive_a_checkpoint(tmp_path
     again.load_checkpoint(str(tmp_path))
     assert (again.global_steps, again.global_samples) == (3, 12)
     assert loader2.state_dict()["samples"] == again.global_samples  # one epoch: the loader's position is the same
+
+
+def test_a_resume_at_another_accumulation_rebases_the_micro_steps() -> None:
+    from zerorun.engine.checkpoint.state import rebased_micro_steps
+
+    saved = {"global_steps": 2, "micro_steps": 4}  # world 3, accumulation 2
+    assert rebased_micro_steps(saved, {"gradient_accumulation_steps": 2}, 3) == 6  # world 2: boundary after 3 more
+    assert rebased_micro_steps(saved, {"gradient_accumulation_steps": 2}, 2) == 4
+    assert rebased_micro_steps({"global_steps": 2, "micro_steps": 5}, {"gradient_accumulation_steps": 2}, 3) == 7
+    assert rebased_micro_steps(saved, {}, 3) == 4  # a checkpoint without the batch facts: as saved

@@ -80,7 +80,7 @@ def _loader_state(engine: Engine) -> dict[str, Any] | None:
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
 
 
-def _micro_steps(counters: dict[str, Any], batch: dict[str, Any], accumulation: int) -> int:
+def rebased_micro_steps(counters: dict[str, Any], batch: dict[str, Any], accumulation: int) -> int:
     """The micro-step count re-based to this run's accumulation (an elastic resume changes it).
 
     The accumulation boundary is ``micro_steps % accumulation``: the saved count at another
@@ -98,7 +98,7 @@ def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, sched
             rng_state: bool = False) -> None:
     counters = saved["counters"]
     engine.global_steps = counters["global_steps"]
-    engine.micro_steps = _micro_steps(counters, saved.get("batch") or {}, engine.gradient_accumulation_steps())
+    engine.micro_steps = rebased_micro_steps(counters, saved.get("batch") or {}, engine.gradient_accumulation_steps())
     engine.skipped_steps = counters["skipped_steps"]
     # a checkpoint from before global_samples: DeepSpeed's fallback (steps x today's global batch)
     engine.global_samples = counters.get("global_samples", engine.global_steps * engine.train_batch_size())
