@@ -76,7 +76,26 @@ def build_autotune_parser() -> argparse.ArgumentParser:
     a.add_argument("--rounds", type=int, default=6, help="at most this many search rounds (default 6)")
     a.add_argument("--repeats", type=int, default=2,
                    help="runs of each candidate, interleaved with the others; the best counts (default 2)")
+    _own_help(p, a)
     return p
+
+
+_OWN_HELP = {
+    "dry_run": "print the search space and round 1's candidates, each pruned by the memory estimate or not; "
+               "run no trial",
+    "json": "print the ranked trials (with --dry-run: the plan) as JSON",
+}
+"""The launcher's flags whose meaning autotune changes: their help is autotune's, under its heading."""
+
+
+def _own_help(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
+    for action in parser._actions:
+        if action.dest in _OWN_HELP:
+            action.help = _OWN_HELP[action.dest]
+            for other in parser._action_groups:
+                if action in other._group_actions:
+                    other._group_actions.remove(action)
+            group._group_actions.append(action)
 
 
 def _forwarded(parser: argparse.ArgumentParser, head: list[str]) -> list[str]:
