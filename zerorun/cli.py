@@ -32,6 +32,7 @@ from zerorun.commands import (
     validate,
 )
 from zerorun.commands.boundary import click_module, from_click, print_error
+from zerorun.commands.help_width import WholeOptionsCommand
 from zerorun.commands.options import ALIASES
 from zerorun.config.suggest import did_you_mean
 from zerorun.errors import UsageError, ZerorunError
@@ -65,16 +66,16 @@ app = typer.Typer(
 _RAW = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 """Commands whose own argparse parser reads every token (launch, autotune)."""
 
-app.command("validate")(validate.command)
-app.command("print-config")(print_config.command)
-app.command("estimate")(estimate.command)
+app.command("validate", cls=WholeOptionsCommand)(validate.command)
+app.command("print-config", cls=WholeOptionsCommand)(print_config.command)
+app.command("estimate", cls=WholeOptionsCommand)(estimate.command)
 app.command("autotune", context_settings=_RAW, add_help_option=False)(autotune.command)
-app.command("report")(report.command)
-app.command("convert")(convert.command)
-app.command("simulate")(simulate.command)
-app.command("link-deepspeed")(link_deepspeed.command)
-app.command("doctor")(doctor.command)
-app.command("elastic")(elastic.command)
+app.command("report", cls=WholeOptionsCommand)(report.command)
+app.command("convert", cls=WholeOptionsCommand)(convert.command)
+app.command("simulate", cls=WholeOptionsCommand)(simulate.command)
+app.command("link-deepspeed", cls=WholeOptionsCommand)(link_deepspeed.command)
+app.command("doctor", cls=WholeOptionsCommand)(doctor.command)
+app.command("elastic", cls=WholeOptionsCommand)(elastic.command)
 
 
 @app.command("launch", context_settings=_RAW, add_help_option=False)
