@@ -27,6 +27,7 @@ from launcher.doctor_checks import (
     Finding,
     Problem,
     clock_finding,
+    disk_findings,
     limit_findings,
     network_findings,
     ssh_failure,
@@ -198,6 +199,7 @@ def _judge(plan: LaunchPlan, report: HostReport, ref: HostReport | None, port_fr
     if ref is not None and ref.facts is not None and ref.host != host:
         found += version_findings(host, facts, ref.host, ref.facts)
     found += limit_findings(host, facts, report.slots)
+    found += disk_findings(host, facts)
     if report.clock_offset is not None:
         skew = clock_finding(host, report.clock_offset, report.seconds / 2)
         found += [skew] if skew else []
@@ -220,7 +222,7 @@ def _listener_findings(plan: LaunchPlan, status: str) -> tuple[Finding, ...]:
 
 
 def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptions(), *,
-                connect_timeout: float = 3.0) -> DoctorReport:
+                connect_timeout: float = 3.0, paths: dict[str, str] | None = None) -> DoctorReport:
     """Check every node of ``plan`` in parallel through ``runner``; never raises for a host's failure.
 
     Args:
@@ -230,6 +232,8 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
         ssh: the launch's ssh options (port, extra args, ConnectTimeout).
         connect_timeout: seconds each host's TCP connect to the master may take before the
             port counts as blocked (timed out).
+        paths: ``{label: path}`` the job writes on every host (the save dir, NVMe swap
+            folders): checked for write access and free space.
 
     Returns:
         A DoctorReport: ``ok`` (a launch would work), ``verdict()``, ``findings`` (each a
@@ -251,7 +255,7 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
     listener = Listener(remote_argv(plan, plan.nodes[0], runner, ssh, LISTEN_SOURCE, str(plan.master_port)))
     try:
         opts = {"master": plan.master_addr, "port": plan.master_port, "cwd": plan.cwd, "connect": True,
-                "timeout": connect_timeout, "retry": FIRST_RETRY}
+                "timeout": connect_timeout, "retry": FIRST_RETRY, "paths": paths or {}}
         results = _probe_all(plan, plan.nodes, runner, ssh, json.dumps(opts), timeout)
         status = listener.status(ssh.connect_timeout + 5.0)
         refused = [i for i, r in enumerate(results) if status == "ok" and _refused(r)]

@@ -21,6 +21,10 @@ MIN_SHM = 256 << 20
 """Below this /dev/shm (Docker's default is 64 MiB), ranks sharing a node fail to allocate their buffers."""
 LOW_SHM = 1 << 30
 MIN_NOFILE = 4096
+MIN_DISK = 1 << 30
+"""Below this free under a path the job writes, a save or a swap file fails at once (an error)."""
+LOW_DISK = 10 << 30
+"""Below this, a warning: a checkpoint of a model of a few billion parameters does not fit."""
 MAX_SKEW = 2.0
 """Seconds of clock offset, beyond the measurement's own uncertainty, that make logs and timeouts disagree."""
 
@@ -49,6 +53,8 @@ class Problem(str, Enum):
     PORT_IN_USE = "port_in_use"
     PORT_REFUSED = "port_refused"
     PORT_TIMEOUT = "port_blocked"
+    DISK_LOW = "disk_low"
+    DISK_NOT_WRITABLE = "disk_not_writable"
     COLLECTIVE_FAILED = "collective_failed"
     COLLECTIVE_HANG = "collective_hang"
 
@@ -123,6 +129,22 @@ def limit_findings(host: str, facts: Facts, slots: int) -> list[Finding]:
     if lim["nofile"] != lim["unlimited"] and lim["nofile"] < MIN_NOFILE:
         found.append(Finding(host, Problem.NOFILE, f"{host}: ulimit -n is {lim['nofile']}",
                              "raise it: `ulimit -n 65536` (nofile in /etc/security/limits.conf)", error=False))
+    return found
+
+
+def disk_findings(host: str, facts: Facts) -> list[Finding]:
+    """Each path the job writes (the save dir, the NVMe swap folders): writable, with room."""
+    found = []
+    for label, d in sorted((facts.get("disks") or {}).items()):
+        where = f"{host}: {label} {d['path']}"
+        if "error" in d or not d["writable"]:
+            found.append(Finding(host, Problem.DISK_NOT_WRITABLE, f"{where} cannot be written "
+                                 f"({d.get('error') or d['checked'] + ' is not writable'})",
+                                 f"create {d['path']} with write access for this user on {host}, or choose another path"))
+        elif d["free"] < LOW_DISK:
+            found.append(Finding(host, Problem.DISK_LOW, f"{where} has {d['free'] >> 20} MiB free",
+                                 "free space there or choose another path (checkpoints and NVMe swap files are "
+                                 "several bytes per parameter)", error=d["free"] < MIN_DISK))
     return found
 
 

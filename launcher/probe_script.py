@@ -2,9 +2,10 @@
 
 Sent as the source of ``python -c`` (stdlib only, never imports torch: it must answer
 in well under a second), with one JSON argument ``{"master", "port", "cwd", "connect",
-"timeout", "retry"}``. It prints ``zerorun-doctor {...}``: versions (Python, zerorun, torch and
+"timeout", "retry", "paths"}``. It prints ``zerorun-doctor {...}``: versions (Python, zerorun, torch and
 the CUDA it was built for, read from files, NCCL's wheel, the driver), GPU device
-files, /dev/shm, ``ulimit -l``/``-n``, its clock, the master as this host resolves it,
+files, /dev/shm, ``ulimit -l``/``-n``, the free space under each of ``paths`` (the save
+dir, the config's NVMe paths), its clock, the master as this host resolves it,
 the interface and address of its route to the master and that interface's MTU, and a
 TCP connect to the master's port. The only traffic it sends goes to the master.
 """
@@ -156,10 +157,24 @@ def network(master: str, port: int, do_connect: bool, timeout: float, retry: flo
     return out
 
 
+def disk(path: str) -> dict[str, object]:
+    """Free space and writability where ``path`` is, or would be created (its nearest existing folder)."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    try:
+        st = os.statvfs(here)
+    except OSError as err:
+        return {"path": path, "error": str(err)}
+    return {"path": path, "exists": os.path.isdir(path), "checked": here, "writable": os.path.isdir(here) and os.access(here, os.W_OK),
+            "free": st.f_bavail * st.f_frsize, "total": st.f_blocks * st.f_frsize}
+
+
 def main(arg: str) -> None:
     opts = json.loads(arg)
     facts: dict[str, object] = {"hostname": socket.gethostname(), "cwd_ok": os.path.isdir(opts["cwd"]),
-                                "versions": versions(), "limits": limits()}
+                                "versions": versions(), "limits": limits(),
+                                "disks": {label: disk(p) for label, p in opts.get("paths", {}).items()}}
     facts["network"] = network(opts["master"], int(opts["port"]), bool(opts["connect"]), float(opts["timeout"]),
                                float(opts.get("retry", 0.0)))
     facts["time"] = time.time()

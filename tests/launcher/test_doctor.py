@@ -185,3 +185,35 @@ def test_the_link_matrix_and_the_slowest_link_are_shown() -> None:
     text = console.export_text()
     assert "all-reduce over 6 ranks ok (gloo 2.0 ms)" in text and "slowest link: a - c (100 MB/s, 80 us)" in text
     assert "50 us, 2000 MB/s" in text and "60 us, 900 MB/s" in text
+
+
+def test_disks_the_job_writes() -> None:
+    from launcher.doctor_checks import disk_findings
+
+    def facts(**d: Any) -> dict[str, Any]:
+        return {"disks": {"save dir": {"path": "/ckpt", "exists": True, "checked": "/ckpt", "writable": True,
+                                       "free": 100 << 30, "total": 200 << 30, **d}}}
+
+    assert disk_findings("n", facts()) == [] and disk_findings("n", {}) == []
+    [low] = disk_findings("n", facts(free=5 << 30))
+    assert low.problem is Problem.DISK_LOW and not low.error and low.message == "n: save dir /ckpt has 5120 MiB free"
+    assert disk_findings("n", facts(free=100 << 20))[0].error
+    [ro] = disk_findings("n", facts(writable=False, checked="/"))
+    assert ro.problem is Problem.DISK_NOT_WRITABLE and "/ is not writable" in ro.message
+
+
+def test_doctor_checks_the_save_dir_and_the_configs_nvme_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from zerorun.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 1, "zero_optimization": {
+        "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "swap"}}}))
+    argv = ["doctor", "--master_port", str(_free_port()), "--config", "ds.json", "--json"]
+    assert main([*argv, "--save-dir", "a_file/ckpt"]) == 1  # under a file: cannot be made
+    data = json.loads(capsys.readouterr().out)
+    disks = data["hosts"][0]["facts"]["disks"]
+    assert disks["offload_param.nvme_path"]["path"] == str(tmp_path / "swap") and disks["offload_param.nvme_path"]["free"] > 0
+    assert [(f["class"], f["message"].split(" cannot")[0]) for f in data["findings"] if f["severity"] == "error"] == [
+        ("disk_not_writable", f"localhost: save dir {tmp_path / 'a_file' / 'ckpt'}")]

@@ -5,6 +5,7 @@ Usage:
   zerorun doctor                                  # this machine alone (local runner)
   zerorun doctor -H hostfile                      # every host of the hostfile, over ssh
   zerorun doctor -H hostfile -e w3 --master-port 29600 --json
+  zerorun doctor -H hostfile --config ds.json --save-dir ckpt   # + the disks the job writes
 
 The hosts, the master and the runner are chosen exactly as the launch chooses them
 (launcher/main.py); the checks are launcher/doctor.py's. Exit status 0 only when a
@@ -14,6 +15,7 @@ launch would work (warnings allowed), 1 otherwise.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -35,6 +37,8 @@ Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh or 
 SshPort = Annotated[int | None, typer.Option("--ssh-port", help="ssh port on every host.")]
 SshArgs = Annotated[str | None, typer.Option("--ssh-args", help="Extra ssh arguments, one quoted string.")]
 Env = Annotated[list[str] | None, typer.Option("--env", help="K=V exported to the ranks (checks *_SOCKET_IFNAME).")]
+Config = Annotated[str | None, typer.Option("--config", help="The job's config: validated, its NVMe paths checked.")]
+SaveDir = Annotated[str | None, typer.Option("--save-dir", help="Where the job saves checkpoints: checked on every host.")]
 Collective = Annotated[bool | None, typer.Option(
     "--collective/--no-collective",
     help="Also launch a gloo all-reduce over every rank and time each node pair (default: on for several nodes).")]
@@ -42,10 +46,10 @@ Collective = Annotated[bool | None, typer.Option(
 
 def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None, master_addr: str | None,
                   master_port: str, launcher: str | None, ssh_port: int | None, ssh_args: str | None,
-                  env: list[str]) -> list[str]:
+                  env: list[str], config: str | None = None) -> list[str]:
     """The launcher's own flags for these options, so the plan is the one a launch would make."""
     argv = ["--master_port", master_port]
-    for flag, value in (("--hostfile", hostfile), ("--include", include), ("--exclude", exclude),
+    for flag, value in (("--hostfile", hostfile), ("--include", include), ("--exclude", exclude), ("--config", config),
                         ("--master_addr", master_addr), ("--launcher", launcher),
                         ("--ssh_port", None if ssh_port is None else str(ssh_port)), ("--ssh_args", ssh_args)):
         if value is not None:
@@ -55,7 +59,22 @@ def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None
     return [*argv, "zerorun-doctor"]
 
 
-def run_doctor(argv: list[str], collective: bool | None = False) -> DoctorReport:
+def written_paths(config: str | None, save_dir: str | None, cwd: str) -> dict[str, str]:
+    """``{label: absolute path}`` the job writes: the save dir, the config's NVMe swap folders
+    (relative paths are the ranks': under the launch's directory)."""
+    paths = {"save dir": save_dir} if save_dir else {}
+    if config:
+        from zerorun.config import load_config
+
+        zero = load_config(config).zero_optimization
+        for name in ("offload_optimizer", "offload_param"):
+            block = getattr(zero, name)
+            if block.device == "nvme" and block.nvme_path:
+                paths[f"{name}.nvme_path"] = block.nvme_path
+    return {label: os.path.join(cwd, p) for label, p in paths.items()}
+
+
+def run_doctor(argv: list[str], collective: bool | None = False, save_dir: str | None = None) -> DoctorReport:
     """The checks of the plan ``argv`` makes; then the real collective when ``collective`` (None:
     when the plan has several nodes), only if the checks found no error."""
     import dataclasses
@@ -68,8 +87,8 @@ def run_doctor(argv: list[str], collective: bool | None = False) -> DoctorReport
     ns = parse_args(argv)
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
-    plan, _ = make_plan(ns, nodes, local)
-    report = check_hosts(plan, kind, ssh_options(ns))
+    plan, config = make_plan(ns, nodes, local)
+    report = check_hosts(plan, kind, ssh_options(ns), paths=written_paths(config, save_dir, plan.cwd))
     if not (collective or (collective is None and len(plan.nodes) > 1)):
         return report
     hosts = [n.host for n in plan.nodes]
@@ -83,6 +102,12 @@ def _mib(n: int | None) -> str:
 
 def _limit(value: int, unlimited: int, unit_kib: bool) -> str:
     return "unlimited" if value == unlimited else f"{value >> 10} KiB" if unit_kib else str(value)
+
+
+def _disk(d: dict[str, Any]) -> str:
+    if "error" in d:
+        return f"{d['path']}: {d['error']}"
+    return f"{_mib(d['free'])} of {_mib(d['total'])} ({d['path']}{'' if d['exists'] else ', not yet made'})"
 
 
 def _rows(h: HostReport) -> list[tuple[str, str]]:
@@ -100,6 +125,7 @@ def _rows(h: HostReport) -> list[tuple[str, str]]:
         ("driver", v["driver"] or "none"), ("gpus / slots", f"{lim['gpus']} / {h.slots}"),
         ("/dev/shm", _mib((lim.get("shm") or {}).get("total"))),
         ("ulimit -l / -n", f"{_limit(lim['memlock'], lim['unlimited'], True)} / {_limit(lim['nofile'], lim['unlimited'], False)}"),
+        *((f"free: {label}", _disk(d)) for label, d in sorted((h.facts.get("disks") or {}).items())),
         ("clock offset", "-" if h.clock_offset is None else f"{h.clock_offset:+.2f} s (+-{h.seconds / 2:.2f})"),
         ("master resolves to", ", ".join(net.get("resolved", [])) or "-"),
         ("route to master", route), ("master port", net.get("connect", {}).get("result", "not tried")),
@@ -161,7 +187,8 @@ def show_collective(c: CollectiveReport, console: Console) -> None:
 def command(
     hostfile: Hostfile = None, include: Include = None, exclude: Exclude = None, master_addr: MasterAddr = None,
     master_port: MasterPort = "29500", launcher: Launcher = None, ssh_port: SshPort = None, ssh_args: SshArgs = None,
-    env: Env = None, collective: Collective = None, as_json: Json = False,
+    env: Env = None, config: Config = None, save_dir: SaveDir = None, collective: Collective = None,
+    as_json: Json = False,
 ) -> int:
     """Check every host a launch would use: versions, GPUs, limits, clocks, the route and port to the master,
     then (several nodes, or --collective) a real all-reduce over every rank and the node-pair link matrix.
@@ -173,7 +200,7 @@ def command(
       zerorun doctor -H hostfiles/two-nodes --json
     """
     report = run_doctor(launcher_argv(hostfile, include, exclude, master_addr, master_port, launcher,
-                                      ssh_port, ssh_args, env or []), collective)
+                                      ssh_port, ssh_args, env or [], config), collective, save_dir)
     if as_json:
         data: dict[str, Any] = report.to_dict()
         print(json.dumps(data, indent=2))
