@@ -24,7 +24,7 @@ from launcher.doctor_checks import Finding, Problem
 TAG = "zerorun-doctor-collective"
 GROUP_TIMEOUT = 30.0
 """Seconds any of the ranks' collectives may wait (gloo's timeout)."""
-START_ALLOWANCE = 60.0
+START_ALLOWANCE = 120.0
 """Seconds on top for the launch itself (ssh, the agents, every rank importing torch)."""
 _FIX = ("the ranks also connect to each other, on ports gloo and NCCL choose: open TCP between the hosts "
         "(not only the master port), and check the *_SOCKET_IFNAME the launch exports or you set")

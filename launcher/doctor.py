@@ -100,7 +100,10 @@ class DoctorReport:
         warnings = len(self.findings) - len(errors)
         n = len(self.hosts)
         if not errors:
-            return f"ok: {n} host(s) ready for a launch ({warnings} warning(s)), checked in {self.seconds:.1f} s"
+            c = self.collective
+            ran = (f"; all-reduce over {c.result['world']} ranks ok" if c and c.result else "") + (
+                f", slowest link {c.slowest['a']} - {c.slowest['b']}" if c and c.slowest else "")
+            return f"ok: {n} host(s) ready for a launch ({warnings} warning(s)), checked in {self.seconds:.1f} s{ran}"
         bad = sorted({f.host for f in errors})
         return f"not ready: {len(errors)} error(s) on {', '.join(bad)} ({warnings} warning(s))"
 
