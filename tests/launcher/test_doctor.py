@@ -217,3 +217,13 @@ def test_doctor_checks_the_save_dir_and_the_configs_nvme_path(tmp_path: Path, mo
     assert disks["offload_param.nvme_path"]["path"] == str(tmp_path / "swap") and disks["offload_param.nvme_path"]["free"] > 0
     assert [(f["class"], f["message"].split(" cannot")[0]) for f in data["findings"] if f["severity"] == "error"] == [
         ("disk_not_writable", f"localhost: save dir {tmp_path / 'a_file' / 'ckpt'}")]
+
+
+def test_the_probe_finds_nccls_wheel_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.probe_script import nccl_wheel
+
+    info = tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: 2.21.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert nccl_wheel() == "2.21.5"
