@@ -59,14 +59,14 @@ def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None
     return [*argv, "zerorun-doctor"]
 
 
-def written_paths(config: str | None, save_dir: str | None, cwd: str) -> dict[str, str]:
+def written_paths(config: str | None, save_dir: str | None, cwd: str, world_size: int) -> dict[str, str]:
     """``{label: absolute path}`` the job writes: the save dir, the config's NVMe swap folders
     (relative paths are the ranks': under the launch's directory)."""
     paths = {"save dir": save_dir} if save_dir else {}
     if config:
         from zerorun.config import load_config
 
-        zero = load_config(config).zero_optimization
+        zero = load_config(config, world_size=world_size).zero_optimization
         for name in ("offload_optimizer", "offload_param"):
             block = getattr(zero, name)
             if block.device == "nvme" and block.nvme_path:
@@ -88,7 +88,7 @@ def run_doctor(argv: list[str], collective: bool | None = False, save_dir: str |
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
     plan, config = make_plan(ns, nodes, local)
-    report = check_hosts(plan, kind, ssh_options(ns), paths=written_paths(config, save_dir, plan.cwd))
+    report = check_hosts(plan, kind, ssh_options(ns), paths=written_paths(config, save_dir, plan.cwd, plan.world_size))
     if not (collective or (collective is None and len(plan.nodes) > 1)):
         return report
     hosts = [n.host for n in plan.nodes]
