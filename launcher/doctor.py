@@ -7,12 +7,14 @@ runs the probe (launcher/probe_script.py) in parallel, which reports versions, l
 its clock, its route to the master and a TCP connect to that listener. The answers are
 judged by launcher/doctor_checks.py. The local runner runs both on this machine; ssh
 and pdsh run them over ssh with the launch's ssh options (pdsh's commands are ssh
-under it, and cannot carry the listener's stdin).
+under it, and cannot carry the listener's stdin); slurm runs each as a one-task step of
+the allocation on its node.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import select
 import shlex
 import subprocess
@@ -118,10 +120,14 @@ class DoctorReport:
 
 
 def remote_argv(plan: LaunchPlan, node: NodePlan, runner: RunnerKind, ssh: SshOptions, source: str, arg: str) -> list[str]:
-    """``python -c SOURCE ARG`` on ``node``: directly for the local runner, else over ssh (quoted once, here)."""
+    """``python -c SOURCE ARG`` on ``node``: directly for the local runner, as a one-task step of the
+    allocation under Slurm (``--overlap``: beside any running step), else over ssh (quoted once, here)."""
     argv = [plan.python, "-c", source, arg]
     if runner is RunnerKind.LOCAL:
         return argv
+    if runner is RunnerKind.SLURM:
+        return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node.address}", "--overlap", "--unbuffered",
+                "--quiet", "--export=ALL", *argv]
     return ["ssh", "-T", *ssh.options(), "--", ssh_target(node.host), shlex.join(argv)]
 
 
@@ -231,7 +237,8 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
     Args:
         plan: the launch plan (its nodes, ``master_addr``/``master_port``, ``python``, ``cwd``
             and exported ``env`` are what is checked).
-        runner: LOCAL (one node, this machine), SSH or PDSH (both probe over ssh).
+        runner: LOCAL (one node, this machine), SSH or PDSH (both probe over ssh), SLURM
+            (inside an allocation: one ``srun --overlap`` step per node).
         ssh: the launch's ssh options (port, extra args, ConnectTimeout).
         connect_timeout: seconds each host's TCP connect to the master may take before the
             port counts as blocked (timed out).
@@ -245,11 +252,14 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
         the listener's start; bounded by ``ssh.connect_timeout``.
 
     Raises:
-        LaunchError: for a runner it cannot probe through (slurm, openmpi).
+        LaunchError: for a runner it cannot probe through (openmpi; slurm outside an allocation).
     """
-    if runner not in (RunnerKind.LOCAL, RunnerKind.SSH, RunnerKind.PDSH):
-        raise LaunchError(f"the host checks run over the local runner or ssh, not {runner.value}",
+    if runner is RunnerKind.OPENMPI:
+        raise LaunchError("the host checks run over the local runner, ssh, pdsh or slurm, not openmpi",
                           "pass --launcher ssh (with the same hostfile), or skip them with --no_preflight")
+    if runner is RunnerKind.SLURM and "SLURM_JOB_ID" not in os.environ:
+        raise LaunchError("the host checks through slurm run inside an allocation (each probe is a step of it)",
+                          "run it under salloc or sbatch, or pass --launcher ssh with the hostfile")
     start = time.time()
     timeout = ssh.connect_timeout + connect_timeout + 10.0
     # the listener and the probes start together (one round trip, not two): a probe retries a refused

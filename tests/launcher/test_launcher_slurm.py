@@ -2,7 +2,8 @@
 one-machine Slurm cluster (tests/launcher_slurm.py) the launcher takes the allocation as
 its hostfile and runs its 2 ranks with ``srun``. Checked: the ranks start with the right
 rank variables; a failing rank ends the job with that rank's exit code and the report
-names it; ``scancel`` and Ctrl-C leave no rank behind (checked by pid). Only the first
+names it; ``scancel`` and Ctrl-C leave no rank behind (checked by pid); ``zerorun doctor``
+probes the node as a step of the allocation. Only the first
 test imports torch (a gloo all-reduce): the others need no process group, which keeps
 the module well under its 90 s budget on a loaded machine."""
 
@@ -104,6 +105,22 @@ def test_ctrl_c_inside_salloc_leaves_no_rank(slurm: SlurmCluster, tmp_path: Path
     assert "zerorun: Ctrl-C: forwarding SIGINT to every rank" in err
     assert proc.returncode == 130, err
     assert wait_gone(pids, timeout=5) == []
+
+
+def test_doctor_probes_each_node_as_a_step_of_the_allocation(slurm: SlurmCluster, tmp_path: Path) -> None:  # noqa: F811
+    import json
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = str(s.getsockname()[1])
+    launch = _zerorun(slurm)  # the same master address choice as the launches here
+    master = launch[launch.index("--master_addr"):][:2] if "--master_addr" in launch else []
+    argv = _salloc("zr-doctor") + zerorun_argv("doctor", "--launcher", "slurm", "--master_port", port, *master, "--json")
+    out = subprocess.run(argv, cwd=tmp_path, env=slurm.env, capture_output=True, text=True, timeout=60)
+    data = json.loads(out.stdout)
+    assert out.returncode == 0 and data["ok"], out.stdout + out.stderr
+    assert data["runner"] == "slurm" and [h["host"] for h in data["hosts"]] == [slurm.node]
+    assert data["hosts"][0]["facts"]["network"]["connect"]["result"] == "ok"  # the listener ran as a step too
 
 
 def test_allocation_is_the_hostfile() -> None:
