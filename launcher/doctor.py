@@ -8,7 +8,7 @@ its clock, its route to the master and a TCP connect to that listener. The answe
 judged by launcher/doctor_checks.py. The local runner runs both on this machine; ssh
 and pdsh run them over ssh with the launch's ssh options (pdsh's commands are ssh
 under it, and cannot carry the listener's stdin); slurm runs each as a one-task step of
-the allocation on its node.
+the allocation on its node, openmpi as a one-process mpirun on its node.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from launcher.errors import LaunchError
 from launcher.ifname import IFNAME_VARS, node_ifnames, unset_vars
 from launcher.master import is_here
 from launcher.plan import LaunchPlan, NodePlan
-from launcher.runners import RunnerKind, SshOptions, ssh_target
+from launcher.runners import RunnerKind, SshOptions, check_mpirun_as_root, ssh_target
 
 PROBE_SOURCE = (Path(__file__).parent / "probe_script.py").read_text()
 LISTEN_SOURCE = (Path(__file__).parent / "probe_listen.py").read_text()
@@ -121,10 +121,14 @@ class DoctorReport:
 
 def remote_argv(plan: LaunchPlan, node: NodePlan, runner: RunnerKind, ssh: SshOptions, source: str, arg: str) -> list[str]:
     """``python -c SOURCE ARG`` on ``node``: directly for the local runner, as a one-task step of the
-    allocation under Slurm (``--overlap``: beside any running step), else over ssh (quoted once, here)."""
+    allocation under Slurm (``--overlap``: beside any running step), one-process ``mpirun`` for Open MPI
+    (its daemons over the launch's ssh options), else over ssh (quoted once, here)."""
     argv = [plan.python, "-c", source, arg]
     if runner is RunnerKind.LOCAL:
         return argv
+    if runner is RunnerKind.OPENMPI:
+        return ["mpirun", "-np", "1", "--host", f"{node.address}:1", "--mca", "plm_rsh_args", " ".join(ssh.options()),
+                *argv]
     if runner is RunnerKind.SLURM:
         return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node.address}", "--overlap", "--unbuffered",
                 "--quiet", "--export=ALL", *argv]
@@ -238,7 +242,8 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
         plan: the launch plan (its nodes, ``master_addr``/``master_port``, ``python``, ``cwd``
             and exported ``env`` are what is checked).
         runner: LOCAL (one node, this machine), SSH or PDSH (both probe over ssh), SLURM
-            (inside an allocation: one ``srun --overlap`` step per node).
+            (inside an allocation: one ``srun --overlap`` step per node), OPENMPI (one
+            one-process ``mpirun`` per node).
         ssh: the launch's ssh options (port, extra args, ConnectTimeout).
         connect_timeout: seconds each host's TCP connect to the master may take before the
             port counts as blocked (timed out).
@@ -252,11 +257,10 @@ def check_hosts(plan: LaunchPlan, runner: RunnerKind, ssh: SshOptions = SshOptio
         the listener's start; bounded by ``ssh.connect_timeout``.
 
     Raises:
-        LaunchError: for a runner it cannot probe through (openmpi; slurm outside an allocation).
+        LaunchError: slurm outside an allocation; openmpi as root without Open MPI's consent.
     """
     if runner is RunnerKind.OPENMPI:
-        raise LaunchError("the host checks run over the local runner, ssh, pdsh or slurm, not openmpi",
-                          "pass --launcher ssh (with the same hostfile), or skip them with --no_preflight")
+        check_mpirun_as_root((), os.environ, os.geteuid())  # as the launch would refuse it
     if runner is RunnerKind.SLURM and "SLURM_JOB_ID" not in os.environ:
         raise LaunchError("the host checks through slurm run inside an allocation (each probe is a step of it)",
                           "run it under salloc or sbatch, or pass --launcher ssh with the hostfile")

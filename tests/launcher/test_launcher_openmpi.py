@@ -50,6 +50,23 @@ def test_four_rank_gloo_job_over_two_ssh_nodes(sshd: SshServer, mpi_env: dict[st
         assert line in out.stdout, out.stdout
 
 
+def test_doctor_probes_each_node_through_mpirun(sshd: SshServer, mpi_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = str(s.getsockname()[1])
+    argv = zerorun_argv("doctor", "--launcher", "openmpi", "--hostfile", str(sshd.hostfile(tmp_path / "hostfile")),
+                        "--ssh_port", str(sshd.port), "--ssh_args", sshd.ssh_args, "--master_port", port,
+                        "--no-collective", "--json")
+    out = subprocess.run(argv, cwd=tmp_path, env=mpi_env, capture_output=True, text=True, timeout=60)
+    data = json.loads(out.stdout)
+    assert out.returncode == 0 and data["ok"], out.stdout + out.stderr
+    assert data["runner"] == "openmpi" and [h["host"] for h in data["hosts"]] == list(NODES)
+    assert all(h["facts"]["network"]["connect"]["result"] == "ok" for h in data["hosts"])  # the listener, via mpirun
+
+
 def test_two_rank_job_on_this_machine(mpi_env: dict[str, str], tmp_path: Path) -> None:
     out = subprocess.run(_argv(None, tmp_path, str(SCRIPTS / "allreduce.py")), cwd=tmp_path, env=mpi_env,
                          capture_output=True, text=True, timeout=120)

@@ -33,7 +33,7 @@ Include = Annotated[str | None, typer.Option("--include", "-i", help="Only these
 Exclude = Annotated[str | None, typer.Option("--exclude", "-e", help="Drop these hosts/slots, e.g. 'w2'.")]
 MasterAddr = Annotated[str | None, typer.Option("--master-addr", help="Rank 0's address (default: as the launch picks).")]
 MasterPort = Annotated[str, typer.Option("--master-port", help="Rank 0's store port, or `auto`.")]
-Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh, pdsh or slurm (default: as the launch picks).")]
+Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh, pdsh, slurm or openmpi (default: as the launch picks).")]
 SshPort = Annotated[int | None, typer.Option("--ssh-port", help="ssh port on every host.")]
 SshArgs = Annotated[str | None, typer.Option("--ssh-args", help="Extra ssh arguments, one quoted string.")]
 Env = Annotated[list[str] | None, typer.Option("--env", help="K=V exported to the ranks (checks *_SOCKET_IFNAME).")]
