@@ -1,7 +1,7 @@
 """An elastic run's rank: a tiny ZeRO-2 model, global batch 12 (micro batch 2) at any world,
 48 samples with ids, 8 steps (two epochs), a checkpoint every 2 steps; resumes from CKPT's
-``latest``. On the first attempt rank --kill_rank SIGKILLs itself right after step --kill_at
-(and writes its time of death to CKPT/../failed_at). Every rank appends one JSON line per
+``latest``. ``--kill A:R:S``: on attempt A (ZERORUN_RESTART_COUNT) rank R SIGKILLs itself right
+after step S (and writes its time of death to CKPT/../failed_at<A>). Every rank appends one JSON line per
 micro batch to LOG/rank<R>.jsonl: attempt, world, the step it belongs to, the epoch and the
 sample ids; rank 0 adds the micro batch's loss and prints `step N t=<time>` per step."""
 
@@ -24,9 +24,9 @@ p.add_argument("--ckpt", required=True)
 p.add_argument("--log", required=True)
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--save_every", type=int, default=2)
-p.add_argument("--kill_rank", type=int, default=-1)
-p.add_argument("--kill_at", type=int, default=3)
+p.add_argument("--kill", action="append", default=[], metavar="ATTEMPT:RANK:STEP")
 args = p.parse_args()
+kills = {tuple(int(v) for v in k.split(":")) for k in args.kill}
 torch.set_num_threads(1)
 
 torch.manual_seed(0)
@@ -60,8 +60,8 @@ while engine.global_steps < args.steps:
             print(f"step {step} t={time.time():.3f} world {world} samples {engine.global_samples}", flush=True)
         if step % args.save_every == 0:
             engine.save_checkpoint(args.ckpt)
-        if attempt == 0 and rank == args.kill_rank and step == args.kill_at:
-            (Path(args.ckpt).parent / "failed_at").write_text(repr(time.time()))
+        if (attempt, rank, step) in kills:
+            (Path(args.ckpt).parent / f"failed_at{attempt}").write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
         if step == args.steps:
             break
