@@ -21,11 +21,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from launcher.errors import LaunchError
 from launcher.executor import RunResult
 from launcher.filters import NodeSlots
+from launcher.ifname import export_ifnames
 from launcher.master import plan_master
 from launcher.membership import Change, Membership, NodeRange, WorldCheck, change_line, parse_nnodes, world_of
 from launcher.plan import LaunchPlan, build_plan
@@ -97,6 +98,8 @@ class ElasticRun:
     watch_for: Callable[[LaunchPlan], RunWatch] | None = None
     err: TextIO = field(default_factory=lambda: sys.stderr)
     attempts: list[Attempt] = field(default_factory=list)
+    facts: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    """The last host checks' facts per host: a restarted node's ranks get its route's interface."""
 
     def say(self, text: str) -> None:
         print(text, file=self.err, flush=True)
@@ -105,6 +108,8 @@ class ElasticRun:
         restart = 0
         while True:
             plan = elastic_plan(self.plan_of(members), restart)
+            if restart and self.facts:  # the first plan has its interfaces from the preflight already
+                plan = export_ifnames(plan, [self.facts.get(n.host) for n in plan.nodes])[0]
             self.attempts.append(Attempt(tuple(n.host.name for n in members), world_of(members)))
             executor, result = run_watched(plan, self.commands_for(plan), self.watch_for, self.err)
             self.attempts[-1].ended = _ended(result)
@@ -146,6 +151,7 @@ class ElasticRun:
         candidates = tuple(n for n in self.membership.pool if n.host.name not in self.membership.gone)
         report = check_hosts(check_plan(self.plan_of(candidates[:1]), candidates, self.ns, self.local),
                              self.kind, self.ssh)
+        self.facts = {h.host: h.facts for h in report.hosts}
         bad: dict[str, str] = {}
         for finding in report.findings:
             if finding.error and finding.host not in bad:
