@@ -66,8 +66,8 @@ def world_check(configs: list[str]) -> WorldCheck:
         for path in configs:
             try:
                 load_config(path, world_size=world, keep_global_batch=True)
-            except ConfigError as err:
-                return str(err).splitlines()[-1].strip()
+            except ConfigError as err:  # the first problem, as the config's reader words it
+                return err.problems[0].render(err.origin) if err.problems else str(err)
         return None
 
     return check

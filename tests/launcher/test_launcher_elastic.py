@@ -157,3 +157,20 @@ def test_nnodes_spellings_and_bad_ranges() -> None:
     for bad in (("3:2", None, None), ("a:b", None, None), ("2:3", 2, None), (None, 2, None)):
         with pytest.raises(LaunchError, match="--nnodes"):
             parse_nnodes(*bad)
+
+
+def test_the_valid_worlds_are_the_configs_that_keep_their_global_batch(tmp_path: Path) -> None:
+    from launcher.elastic import world_check
+
+    fixed = tmp_path / "fixed.json"
+    fixed.write_text(json.dumps({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4}))
+    block = tmp_path / "elastic.json"
+    block.write_text(json.dumps({"elasticity": {"enabled": True, "max_train_batch_size": 24,
+                                                "micro_batch_sizes": [2, 4], "version": 0.1, "max_gpus": 4}}))
+    check = world_check([str(fixed)])
+    assert [w for w in range(1, 8) if check(w) is None] == [1, 2, 3, 6]
+    assert "restart at 3 or 6 ranks" in (check(4) or "")
+    assert [w for w in range(1, 8) if world_check([str(block)])(w) is None] == [1, 2, 3, 4]
+    assert world_check([])(5) is None  # no config the launcher can see: the ranks decide
+    m = Membership(_pool(5), NodeRange(2, 5))
+    assert len(m.first(check)) == 3  # 5 and 4 nodes cannot keep 24 with micro batch 4
