@@ -13,6 +13,8 @@ loading, first-step compilation) the allowance is ``--setup_timeout``; after tha
 ``--stall_timeout`` seconds, by default derived from the observed step times (20 times the
 median step, at least 60 s, at most 20 minutes: far below NCCL's 30-minute watchdog, far
 above a healthy step). A checkpoint's file I/O counts as progress (:mod:`launcher.heartbeats`).
+While no rank waits in one of the engine's collectives (every rank in the script's own code)
+the set-up allowance holds too: nothing of the job waits on a peer there.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ class StallPolicy:
     """Allowance before every rank has finished a step."""
 
     def limit(self, board: Board) -> float:
-        if not board.all_stepped() or any(s.phase == "exiting" for s in board.alive()):
+        alive = board.alive()
+        if not board.all_stepped() or any(s.phase == "exiting" for s in alive) or not any(s.waiting_in() for s in alive):
+            # no rank waits on a peer in the engine's collectives: set-up, exit, or the script's own work (an
+            # evaluation or generation on the bare module, a data load) that may outlast many steps
             return max(self.setup_s, self.timeout_s or 0.0)
         if self.timeout_s is not None:
             return self.timeout_s

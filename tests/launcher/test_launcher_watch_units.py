@@ -79,7 +79,9 @@ def test_the_stall_timeout_waits_out_set_up_and_follows_the_step_time() -> None:
     assert StallPolicy(3.0, 600.0).limit(b) == 600.0  # no rank has finished a step: set-up allowance
     for r in range(2):
         b.on_beat(r, {"step": 2, "phase": "script", "steps": [[1, 10.0, 0.0], [2, 10.0, 0.0]]}, 1.0)
-    assert StallPolicy(3.0, 600.0).limit(b) == 3.0
+    assert StallPolicy(3.0, 600.0).limit(b) == 600.0  # no rank waits on a peer: the script's own work (an eval)
+    b.on_beat(1, {"step": 2, "phase": "forward", "issued": [9, "all_gather", 64, "fp32"], "completed": [8]}, 1.0)
+    assert StallPolicy(3.0, 600.0).limit(b) == 3.0  # rank 1 waits in an all-gather
     assert StallPolicy(None).limit(b) == 200.0  # auto: 20 x a 10 s step
     before = b.last_progress_at
     b.on_beat(0, {"step": 2, "phase": "script", "steps": []}, 9.0)
