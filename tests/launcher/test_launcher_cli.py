@@ -132,6 +132,9 @@ def test_env_and_gpu_devices_reach_the_ranks(tmp_path: Path) -> None:
     assert sorted(out.stdout.splitlines()) == [
         "[localhost:0] 0 0,1 a=b c hf_s3cret_value", "[localhost:1] 1 0,1 a=b c hf_s3cret_value",
     ]
+    # a script that never calls the engine still shows in the summary: no steps, its exit status
+    rows = [line.split() for line in out.stderr.splitlines() if line.split()[1:2] == ["localhost"]]
+    assert rows == [["0", "localhost", "0", "-", "-", "-", "0"], ["1", "localhost", "0", "-", "-", "-", "0"]], out.stderr
 
 
 def _start_hanging(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], list[int]]:
