@@ -4,7 +4,8 @@
                  in that backward's reduce-scatter, rank R in the step's all-reduce
 --spin_rank R    rank R spins in a loop of its own at step 3 (SPIN_LINE below)
 otherwise        a slow first step (--first_step_s), a straggler (--slow_rank sleeps
-                 --slow_s every step) and a slow checkpoint save (--save_s), then success
+                 --slow_s every step) and a slow checkpoint save on rank 0 (--save_s: its
+                 peers wait for it in the save's closing collective), then success
 """
 
 import argparse
@@ -47,7 +48,7 @@ def slow_save(obj, f, *a, **kw):  # a slow filesystem: the save's first file goe
 
 
 real_save, slow_left = torch.save, args.save_s
-if args.save_s:
+if args.save_s and rank == 0:
     torch.save = slow_save
 
 torch.manual_seed(0)
