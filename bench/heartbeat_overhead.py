@@ -8,7 +8,10 @@ steps on gloo; rank 0 prints the median step time of the steps after the first 5
 modes of one stage run interleaved (off, on, order, off, on, order, ...) so drift in the
 machine's load falls on each alike; the figure is the median over the repeats. The
 always-on part (each collective noting itself in the progress record) is in every mode:
-its cost per collective is timed alone, in-process, as ``trace_ns``.
+its cost per collective is timed alone, in-process, as ``trace_ns``. In the order-check run
+each rank then runs ``--steps`` more steps with the check on and off in alternating pairs
+(``a/b``): the same process, the same moment, no launch between them, so the machine's
+load falls on both alike (``--modes heartbeat+order`` runs only that).
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ RANK_SCRIPT = textwrap.dedent("""\
     for _ in range(200):
         json.dumps(beat(PROGRESS, True))
     out["beat_us"] = (time.perf_counter() - t0) / 200 * 1e6
+    if engine.coll.order is not None:  # the check on and off in alternating pairs of steps, in this process
+        check, ab = engine.coll.order, {True: [], False: []}
+        for i in range(steps):
+            on = (i // 2) % 2 == 0  # every rank toggles alike, so their checks stay paired
+            engine.coll.order = check if on else None
+            t0 = time.perf_counter()
+            engine.backward(engine(x).square().mean()); engine.step()
+            ab[on].append(time.perf_counter() - t0)
+        engine.coll.order = check
+        out["ab_on_s"], out["ab_off_s"] = statistics.median(ab[True]), statistics.median(ab[False])
     if engine.coll.order is not None:  # one check alone, on every rank (the same calls, so they agree)
         t0 = time.perf_counter()
         for i in range(200):
@@ -84,17 +97,30 @@ def trace_ns(n: int = 200_000) -> float:
 
 
 def summarize(runs: dict[str, list[dict[str, float]]], beat_s: float) -> dict[str, float]:
-    """Measured step times (ms, median over repeats) per mode, and the overhead each part costs by
+    """Measured step times (ms, median over repeats) per mode run, and the overhead each part costs by
     its own timing: a beat's cost once per ``beat_s``, a check's cost per collective of a step."""
     med = {m: statistics.median(r["step_s"] for r in v) for m, v in runs.items()}
-    step_s, per_step = med["off"], runs["heartbeat+order"][0]["collectives_per_step"]
-    beat_us = statistics.median(r["beat_us"] for r in runs["heartbeat"])
-    check_us = statistics.median(r["check_us"] for r in runs["heartbeat+order"])
-    return {**{f"{m} ms": round(v * 1000, 2) for m, v in med.items()},
-            **{f"{m} vs off %": round(100 * (med[m] / med["off"] - 1), 1) for m in MODES if m != "off"},
-            "collectives/step": per_step, "beat us": round(beat_us, 1), "check us": round(check_us, 1),
-            "beat % of time": round(100 * beat_us * 1e-6 / beat_s, 3),
-            "check % of step": round(100 * per_step * check_us * 1e-6 / step_s, 1)}
+    out: dict[str, float] = {f"{m} ms": round(v * 1000, 2) for m, v in med.items()}
+    if "off" in med:
+        out.update({f"{m} vs off %": round(100 * (med[m] / med["off"] - 1), 1) for m in med if m != "off"})
+    if "heartbeat" in runs:
+        beat_us = statistics.median(r["beat_us"] for r in runs["heartbeat"])
+        out.update({"beat us": round(beat_us, 1), "beat % of time": round(100 * beat_us * 1e-6 / beat_s, 3)})
+    if "heartbeat+order" in runs:
+        order = runs["heartbeat+order"]
+        per_step, check_us = order[0]["collectives_per_step"], statistics.median(r["check_us"] for r in order)
+        step_s = med.get("off", statistics.median(r["ab_off_s"] for r in order))
+        out.update({"collectives/step": per_step, "check us": round(check_us, 1),
+                    "check % of step": round(100 * per_step * check_us * 1e-6 / step_s, 1), **_ab(order)})
+    return out
+
+
+def _ab(order_runs: list[dict[str, float]]) -> dict[str, float]:
+    """The order check on against off in the same process (pairs of steps interleaved): launch-free."""
+    on = statistics.median(r["ab_on_s"] for r in order_runs)
+    off = statistics.median(r["ab_off_s"] for r in order_runs)
+    return {"a/b off ms": round(off * 1000, 2), "a/b order ms": round(on * 1000, 2),
+            "a/b order vs off %": round(100 * (on / off - 1), 1)}
 
 
 def main() -> None:
@@ -103,6 +129,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--stages", default="0,1,2,3")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="which runs: off, heartbeat, heartbeat+order (the in-process a/b needs only the last)")
     p.add_argument("--beat_s", type=float, default=1.0, help="the heartbeat interval the ranks use (default 1 s)")
     args = p.parse_args()
     results: dict[str, dict[str, float]] = {}
@@ -110,9 +138,10 @@ def main() -> None:
         script = Path(tmp) / "rank.py"
         script.write_text(RANK_SCRIPT)
         for stage in map(int, args.stages.split(",")):
-            runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+            modes = args.modes.split(",")
+            runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for _ in range(args.repeats):
-                for mode in MODES:
+                for mode in modes:
                     runs[mode].append(one(script, args.ranks, stage, args.steps, mode))
             results[f"stage {stage}"] = row = summarize(runs, args.beat_s)
             print(f"stage {stage}: " + json.dumps(row), flush=True)
