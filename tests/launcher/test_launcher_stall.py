@@ -35,14 +35,13 @@ SCRIPT = str(SCRIPTS / "stall_cases.py")
 STALL_S = 3
 
 
-def _launch(tmp_path: Path, world: int, *args: str, view: tuple[str, ...] = ("--quiet",),
-            timeout: float = 90) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
-    argv = zerorun_argv("--num_gpus", str(world), "--master_port", "auto", *view, "--stall_timeout", str(STALL_S),
-                        "--report_json", str(tmp_path / "verdict.json"), "--log_dir", str(tmp_path / "logs"),
-                        "--env", "ZERORUN_SHARED_MEMORY=0", "--env", "ZERORUN_HEARTBEAT_S=0.5", SCRIPT, *args)
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    return proc, time.monotonic() - start
+def _launch(tmp_path: Path, world: int, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Off a terminal, with a progress line every second."""
+    argv = zerorun_argv("--num_gpus", str(world), "--master_port", "auto", "--progress_every", "1",
+                        "--stall_timeout", str(STALL_S), "--report_json", str(tmp_path / "verdict.json"),
+                        "--log_dir", str(tmp_path / "logs"), "--env", "ZERORUN_SHARED_MEMORY=0",
+                        "--env", "ZERORUN_HEARTBEAT_S=0.5", SCRIPT, *args)
+    return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
 def _on_a_terminal(argv: list[str], cwd: Path, timeout: float) -> tuple[int, str, bool]:
@@ -83,9 +82,9 @@ def _line(marker: str) -> int:
     return next(i for i, line in enumerate(Path(SCRIPT).read_text().splitlines(), 1) if marker in line)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_a_skipped_collective_and_a_spinning_rank_are_named_with_what_the_others_wait_in(tmp_path: Path) -> None:
-    proc, wall = _launch(tmp_path, 4, "--skip_rank", "3", "--spin_rank", "2", view=("--progress_every", "1"))
+    proc = _launch(tmp_path, 4, "--skip_rank", "3", "--spin_rank", "2", timeout=130)
     assert proc.returncode == STALL_EXIT, proc.stderr[-3000:]
     report = json.loads((tmp_path / "verdict.json").read_text())
     assert report["culprits"] == [2, 3], report["verdict"]
@@ -103,7 +102,6 @@ def test_a_skipped_collective_and_a_spinning_rank_are_named_with_what_the_others
     assert stacks and "==== rank 3" in stacks[0].read_text()
     assert report["stalled_for_s"] <= STALL_S + 15, report  # from the last progress to the verdict
     assert "| 4/4 ranks alive |" in proc.stderr  # off a terminal: a progress line every --progress_every s
-    assert wall < 60 + STALL_S + 15, wall  # the job's set-up, 3 steps (~1 s), the timeout and the verdict
 
 
 @pytest.mark.timeout(150)
