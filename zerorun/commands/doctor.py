@@ -170,7 +170,8 @@ def show_collective(c: CollectiveReport, console: Console) -> None:
                   f"launched and done in {c.seconds:.1f} s", highlight=False)
     if not c.links:
         return
-    table = Table(title="links between nodes (latency, bandwidth)", title_justify="left")
+    console.print("links between nodes (latency, bandwidth):", highlight=False)
+    table = Table()
     table.add_column("")
     for h in c.hosts[1:]:
         table.add_column(h)
