@@ -22,7 +22,8 @@ def add_watch_options(group: argparse._ArgumentGroup) -> None:
                             "20x the median step time, 60 s to 20 min")
     group.add_argument("--setup_timeout", type=float, default=DEFAULT_SETUP_S, metavar="S",
                        help="the same allowance until every rank has finished its first step (set-up, "
-                            f"first-step compilation; default {DEFAULT_SETUP_S:.0f})")
+                            "first-step compilation), while a rank exits, and while no rank waits in a collective "
+                            f"of the engine (the script's own work; default {DEFAULT_SETUP_S:.0f})")
     group.add_argument("--on_stall", choices=["stop", "report"], default="stop",
                        help=f"after a stall verdict: stop every rank, exit status {STALL_EXIT} (default), or report "
                             "and keep waiting")

@@ -46,7 +46,9 @@ def test_help_lists_every_option_with_examples(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     for flag in ("--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus", "--nproc_per_node", "--master_addr",
                  "--master_port", "--launcher", "--ssh_port", "--ssh_args", "--env", "--env_file", "--config",
-                 "--pass_local_rank", "--log_dir", "--ranks", "--kill_timeout", "--dry-run", "--json", "--no_ssh_check"):
+                 "--pass_local_rank", "--log_dir", "--ranks", "--kill_timeout", "--dry-run", "--json", "--no_ssh_check",
+                 "--quiet", "--progress_every", "--stall_timeout", "--setup_timeout", "--on_stall", "--report_json",
+                 "--straggler_factor", "--straggler_steps"):
         assert flag in out.stdout, flag
     assert "Examples:" in out.stdout and "--num-gpus" in out.stdout  # both spellings, said once
 

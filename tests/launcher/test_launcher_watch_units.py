@@ -152,3 +152,17 @@ def test_on_stall_report_keeps_waiting_and_reports_again_after_progress(tmp_path
     stop.on_event(ex.runs[0], Event("started", {"node_rank": 0, "host": "h", "pids": {"0": 5, "1": 6}}))
     _stall_once(stop, ex, 1)
     assert (ex.stops, stop.exit_code) == (1, STALL_EXIT)  # the default: stop every rank, exit status 124
+
+
+def test_off_a_terminal_a_progress_line_each_interval_and_none_with_quiet() -> None:
+    ex, lines = _Executor(), {}
+    for quiet in (False, True):
+        err = io.StringIO()  # not a terminal
+        w = RunWatch(WatchOptions(quiet=quiet, progress_every_s=0.01), 2, "job", err=err)
+        w.on_event(ex.runs[0], Event("started", {"node_rank": 0, "host": "h", "pids": {"0": 5, "1": 6}}))
+        for _ in range(3):
+            time.sleep(0.02)
+            w.tick(ex)
+        lines[quiet] = err.getvalue().splitlines()
+    assert len(lines[False]) == 3 and all("| no step yet | 2/2 ranks alive" in x for x in lines[False]), lines
+    assert lines[True] == []
