@@ -227,3 +227,14 @@ def test_the_probe_finds_nccls_wheel_by_name(tmp_path: Path, monkeypatch: pytest
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: 2.21.5\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert nccl_wheel() == "2.21.5"
+
+
+def test_a_collective_launch_past_its_time_is_stopped() -> None:
+    import sys
+
+    from launcher.collective_check import _run
+
+    start = time.monotonic()
+    code, out, _ = _run([sys.executable, "-c", "import time; print('[a:0] started', flush=True); time.sleep(30)"], 1.5)
+    assert code is None and "[a:0] started" in out  # SIGTERM ended it; what it printed is kept for the message
+    assert time.monotonic() - start < 10
