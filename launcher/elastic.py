@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from launcher.doctor import DoctorReport
 from launcher.errors import LaunchError
 from launcher.executor import RunResult
 from launcher.filters import NodeSlots
@@ -152,10 +153,7 @@ class ElasticRun:
         report = check_hosts(check_plan(self.plan_of(candidates[:1]), candidates, self.ns, self.local),
                              self.kind, self.ssh)
         self.facts = {h.host: h.facts for h in report.hosts}
-        bad: dict[str, str] = {}
-        for finding in report.findings:
-            if finding.error and finding.host not in bad:
-                bad[finding.host] = f"[{finding.problem.value}] {finding.message}"
+        bad = failing_hosts(report)
         self.say(f"zerorun: checked {len(candidates)} host(s) in {report.seconds:.1f} s: "
                  + (f"failing {', '.join(bad)}" if bad else "every one answers"))
         return bad
@@ -166,6 +164,38 @@ class ElasticRun:
         for i, a in enumerate(self.attempts):
             lines.append(f"  {i:>7}  {len(a.hosts):>5}  {a.world:>5}  {','.join(a.hosts)[:40]:<40} {a.ended}")
         return "\n".join(lines)
+
+
+def failing_hosts(report: DoctorReport) -> dict[str, str]:
+    """Host -> the first error the checks found there."""
+    bad: dict[str, str] = {}
+    for finding in report.findings:
+        if finding.error and finding.host not in bad:
+            bad[finding.host] = f"[{finding.problem.value}] {finding.message}"
+    return bad
+
+
+def checked_start(run: ElasticRun, members: tuple[NodeSlots, ...], plan: LaunchPlan
+                  ) -> tuple[tuple[NodeSlots, ...], LaunchPlan, tuple[dict[int, str], tuple[str, ...]]]:
+    """The launch's preflight, elastic: a host that fails it sits out (one line) while a valid world is left.
+
+    Returns the first attempt's members, their plan and the interfaces the preflight found.
+    """
+    from launcher.doctor import check_hosts
+    from launcher.errors import PreflightError
+    from launcher.preflight import preflight
+
+    while True:
+        try:
+            return members, plan, preflight(plan, run.ssh)
+        except PreflightError:
+            bad = failing_hosts(check_hosts(plan, run.kind, run.ssh))
+            if not bad:
+                raise
+        run.membership.sitting_out.update(bad)
+        run.say("zerorun: membership: before the start: " + ", ".join(f"{h} out ({why})" for h, why in bad.items()))
+        members = run.membership.first(run.check)  # a LaunchError naming every host out when too few are left
+        plan = run.plan_of(members)
 
 
 def _failed_host(members: tuple[NodeSlots, ...], failure: Failure) -> str | None:

@@ -20,7 +20,7 @@ from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
 from launcher.devices import gpu_count, local_gpus, visible_devices
 from launcher.display import dump_json, plan_json, plan_text
-from launcher.elastic import ElasticRun, node_range, world_check
+from launcher.elastic import ElasticRun, checked_start, node_range, world_check
 from launcher.elastic import start as start_membership
 from launcher.envpolicy import collect_env, default_env_files
 from launcher.errors import FilterError, LaunchError
@@ -251,14 +251,18 @@ def main(argv: list[str]) -> int:
     if kind is RunnerKind.OPENMPI:
         check_mpirun_as_root(tuple(shlex.split(ns.launcher_args)), os.environ, os.geteuid())
     ifnames: tuple[dict[int, str], tuple[str, ...]] = ({}, ())
+    elastic_run = ElasticRun(ns, membership, policy, kind, ssh_options(ns), local, check,
+                             lambda m: plan if m == nodes else make_plan(ns, m, local)[0],
+                             lambda p: commands_for(ns, p, kind), watch_factory(ns)) if membership else None
     if kind in (RunnerKind.SSH, RunnerKind.PDSH) and not ns.no_ssh_check:
-        ifnames = preflight(plan, ssh_options(ns))
+        if elastic_run is not None:  # elastic: a host that fails the preflight sits out while MIN nodes remain
+            nodes, plan, ifnames = checked_start(elastic_run, nodes, plan)
+        else:
+            ifnames = preflight(plan, ssh_options(ns))
         plan = with_ifnames(plan, *ifnames)
     say_threads(plan, local)
-    if membership is not None:
-        return ElasticRun(ns, membership, policy, kind, ssh_options(ns), local, check,
-                          lambda m: plan if m == nodes else make_plan(ns, m, local)[0],
-                          lambda p: commands_for(ns, p, kind), watch_factory(ns)).run(nodes).exit_code
+    if elastic_run is not None:
+        return elastic_run.run(nodes).exit_code
 
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else with_ifnames(make_plan(ns, nodes, local)[0], *ifnames)

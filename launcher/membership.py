@@ -91,13 +91,19 @@ class Membership:
 
     def first(self, check: WorldCheck) -> tuple[NodeSlots, ...]:
         """The first attempt's members; ``LaunchError`` naming the worlds when none is valid."""
-        if len(self.pool) < self.rng.min_nodes:
-            raise LaunchError(f"--nnodes {self.rng}: only {len(self.pool)} host(s) selected",
-                              f"give at least {self.rng.min_nodes} hosts in the hostfile, or lower MIN")
-        members = largest_valid(list(self.pool), self.rng, check)
+        avail = self.available()
+        if len(avail) < self.rng.min_nodes:
+            out = {**self.sitting_out, **self.gone}
+            why = "".join(f"; {host} out ({reason})" for host, reason in out.items())
+            raise LaunchError(f"--nnodes {self.rng}: only {len(avail)} usable host(s) of {len(self.pool)}{why}",
+                              f"give at least {self.rng.min_nodes} working hosts in the hostfile, or lower MIN")
+        members = largest_valid(avail, self.rng, check)
         if members is None:
-            raise LaunchError(self._no_world(list(self.pool), check), "change the config's batch sizes or the range")
+            raise LaunchError(self._no_world(avail, check), "change the config's batch sizes or the range")
         return members
+
+    def available(self) -> list[NodeSlots]:
+        return [n for n in self.pool if n.host.name not in self.sitting_out and n.host.name not in self.gone]
 
     def after_failure(self, members: tuple[NodeSlots, ...], failed: str | None, exit_code: int,
                       unhealthy: dict[str, str], check: WorldCheck) -> Change | None:
@@ -135,8 +141,7 @@ class Membership:
         return f"no valid world with --nnodes {self.rng} among {len(avail)} host(s): {why}"
 
     def no_world(self, check: WorldCheck) -> str:
-        avail = [n for n in self.pool if n.host.name not in self.sitting_out and n.host.name not in self.gone]
-        return self._no_world(avail, check)
+        return self._no_world(self.available(), check)
 
 
 def change_line(before: tuple[NodeSlots, ...], change: Change) -> str | None:

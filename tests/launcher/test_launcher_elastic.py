@@ -147,6 +147,15 @@ def test_membership_without_rejoin_twice_the_same_failure_and_the_last_valid_wor
     assert change is None and "h1" in m.gone
 
 
+def test_too_few_usable_hosts_name_the_ones_out() -> None:
+    from launcher.errors import LaunchError
+
+    m = Membership(_pool(3), NodeRange(3, 3))
+    m.sitting_out["h0"] = "[ssh] unreachable"
+    with pytest.raises(LaunchError, match=r"only 2 usable host\(s\) of 3; h0 out \(\[ssh\] unreachable\)"):
+        m.first(lambda world: None)
+
+
 def test_nnodes_spellings_and_bad_ranges() -> None:
     from launcher.errors import LaunchError
 
@@ -174,3 +183,16 @@ def test_the_valid_worlds_are_the_configs_that_keep_their_global_batch(tmp_path:
     assert world_check([])(5) is None  # no config the launcher can see: the ranks decide
     m = Membership(_pool(5), NodeRange(2, 5))
     assert len(m.first(check)) == 3  # 5 and 4 nodes cannot keep 24 with micro batch 4
+
+
+@pytest.mark.timeout(120)
+def test_a_host_that_fails_the_preflight_sits_out_while_min_nodes_remain(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.5 slots=1\n" + "".join(f"{addr} slots=1\n" for addr in NODES))  # .5: no sshd
+    base = ["--hostfile", str(hostfile), "--launcher", "ssh", "--ssh_port", str(sshd.port), "--ssh_args",
+            sshd.ssh_args, "--master_port", "auto", "--no_local_rank", "--no_python"]
+    run = subprocess.run(zerorun_argv(*base, "--nnodes", "2:3", "/bin/echo", "rank up"), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"zerorun: membership: before the start: 127\.0\.0\.5 out \(\[\w+\] ", run.stderr), run.stderr
+    assert sorted(re.findall(r"\[(127\.0\.0\.\d):\d\] rank up", run.stdout)) == list(NODES)
