@@ -16,6 +16,7 @@ from pydantic_core import ErrorDetails
 
 from zerorun.config import keys
 from zerorun.config.aliases import RENAMED
+from zerorun.config.not_yet import not_yet_message, without_off_values
 from zerorun.config.problems import Problem
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.suggest import did_you_mean
@@ -29,6 +30,9 @@ def _path(loc: tuple[int | str, ...]) -> str:
 
 
 def _unknown_key(loc: tuple[int | str, ...]) -> Problem:
+    refused = not_yet_message(_path(loc))
+    if refused is not None:
+        return Problem(_path(loc), refused)
     parent, name = _path(loc[:-1]), str(loc[-1])
     siblings = keys.children(parent)
     suggestion = did_you_mean(name, siblings)
@@ -76,7 +80,7 @@ def _remove(data: dict[str, Any], loc: tuple[int | str, ...], kind: str) -> None
 
 def validate_schema(data: dict[str, Any]) -> tuple[ZerorunConfig, list[Problem], frozenset[str]]:
     """The config (broken keys at their defaults), the schema problems, and the broken paths."""
-    work = copy.deepcopy(data)
+    work = copy.deepcopy(without_off_values(data))
     problems: list[Problem] = []
     invalid: set[str] = set()
     for _ in range(_MAX_ROUNDS):
