@@ -203,3 +203,17 @@ def test_measure_runs_the_script_and_compares_term_by_term(capsys: pytest.Captur
     assert physical["estimated_bytes"] == terms["total"]["estimated_bytes"]
     # whatever else the process holds, its resident set holds the model states the engine counts
     assert physical["peak_bytes"] >= terms["total"]["measured_bytes"] > 0
+
+
+def test_stage3_per_link_under_hpz_in_the_json_and_the_text(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--params", "70B", "--gpus-per-node", "8", "--nodes", "64", "--gpu-memory", "80GB", "--hpz", "8"]
+    links = _json(capsys, *args)["stage3_links"]
+    assert (links["world_size"], links["gpus_per_node"], links["policy"]) == (512, 8, "hpZ 8")
+    assert links["later_steps"]["backward_all_gather"]["across"] == 0
+    assert links["secondary_bytes"] == 2 * 70 * 10**9 // 8  # no shape: 2 Psi / hpz
+    assert main(["estimate", *args]) == 0
+    text = capsys.readouterr().out
+    assert "stage 3 per link and step: hpZ 8, 64 node(s) of 8" in text
+    assert "hpZ secondary copy per rank: 16.30 GiB" in text
+    assert main(["estimate", "--params", "7B", "--gpus", "8", "--nodes", "2", "--mics", "5"]) == 1
+    assert "mics_shard_size 5 does not tile a world of 16" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerorun.estimate.topology import NodeLayout, Stage3Policy
 from zerorun.simulate import Simulation, SimulationError, from_env, world
 from zerorun.simulate.compare import STATE_TERMS, compare, volume
 from zerorun.simulate.model import Decoder, builtin_spec
@@ -181,3 +182,32 @@ def test_setup_holds_one_module_whole_at_a_time(size: int, monkeypatch: pytest.M
     assert len(whole) >= len(made) > 0
     assert max(whole) <= spec.shape.largest_unit(), (max(whole), spec.shape.largest_unit())
     assert result.setup["all_gather"]["elements"] == result.persistent_numel  # nothing re-gathered at initialize
+
+
+def _links(spec, layout: NodeLayout, policies: list[Stage3Policy]):  # noqa: ANN001, ANN202
+    """One simulated run (MiCS: as a rank of its shard group) compared under each of ``policies``."""
+    shard = policies[0].shard_size(layout)
+    cfg = default_config(3)
+    cfg["zero_optimization"]["stage3_max_reuse_distance"] = 2 * 10**7  # a window smaller than the model
+    result = run(SimRequest(Simulation(shard, shard - 1, "meta"), _choice(spec), cfg, steps=2))
+    return result, [compare(result, cfg, spec.shape, layout, p).links for p in policies]
+
+
+def test_per_link_bytes_equal_the_estimate_under_each_policy() -> None:
+    """The engine's per-phase counters, split by node (8 GPUs each), equal the estimate's replay exactly."""
+    spec, layout = builtin_spec(3 * 10**8, "llama"), NodeLayout(64, 8)
+    plain = [Stage3Policy(), Stage3Policy(hpz=8), Stage3Policy(qwz=True)]
+    _, projected = _links(spec, layout, plain)
+    mics_result, [mics] = _links(spec, layout, [Stage3Policy(mics=16)])
+    for links in [*projected, mics]:
+        assert links is not None
+        assert links.steps[0] == links.estimate.first_step
+        assert links.steps[1] == links.estimate.later_steps
+        assert links.secondary_bytes == links.estimate.secondary_bytes
+    _, hpz, qwz = projected
+    assert hpz.steps[1]["backward_all_gather"].across == 0 < hpz.steps[1]["backward_all_gather"].inside
+    assert hpz.secondary_bytes > 0
+    assert qwz.steps[1]["forward_all_gather"].across < projected[0].steps[1]["forward_all_gather"].across * 0.51
+    assert mics.steps[1]["replica_all_reduce"].across > 0
+    states = sum(mics_result.memory[t] for t in STATE_TERMS)
+    assert mics_result.world_size == 16 and states >= sum(mics.estimate.model_states.values())

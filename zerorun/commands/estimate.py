@@ -24,9 +24,12 @@ from zerorun.estimate import (
     parse_param_count,
     shape_from_hf_config,
 )
+from zerorun.estimate.buffers import Buckets, window_policy
 from zerorun.estimate.counts import gib
 from zerorun.estimate.from_config import config_facts
 from zerorun.estimate.gpu import local_gpus
+from zerorun.estimate.link_estimate import LinkEstimate, link_estimate, link_lines
+from zerorun.estimate.topology import NodeLayout, Stage3Policy
 
 Params = Annotated[str | None, typer.Option("--params", help="Parameter count: 14B, 7.5b, 350M, 1.3e9, 125000000.")]
 DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Compute dtype \\[default: the config's, else bf16].")]
@@ -77,6 +80,13 @@ def _param_count(params: str | None, shape: ModelShape | None) -> int:
     )
 
 
+def _links(request: EstimateRequest, policy: Stage3Policy, buckets: Buckets) -> LinkEstimate:
+    """Stage 3's bytes by kind inside the node and across nodes (``--gpus`` per node), under ``policy``."""
+    t = request.training
+    layout = NodeLayout(t.world_size, request.gpus_per_node)
+    return link_estimate(t.params, t.dtype, t.optimizer, layout, policy, request.shape, window_policy(buckets))
+
+
 def command(
     params: Params = None,
     gpus: Gpus = None,
@@ -109,6 +119,12 @@ def command(
     plot: Annotated[Path | None, typer.Option(help="Also write the chart to FILE.png or FILE.svg.")] = None,
     measure: Measure = None,
     measure_steps: MeasureSteps = 3,
+    hpz: Annotated[int, typer.Option(
+        "--hpz", min=1, help="Stage 3 per link under ZeRO++ hpZ (zero_hpz_partition_size N).")] = 1,
+    mics: Annotated[int, typer.Option(
+        "--mics", min=0, help="Stage 3 per link and model states under MiCS (mics_shard_size N).")] = 0,
+    qwz: Annotated[bool, typer.Option(
+        "--qwz", help="Stage 3 per link under ZeRO++ qwZ (int8 blockwise weight all-gathers).")] = False,
 ) -> None:
     """Per-GPU memory for every ZeRO stage and offload choice, term by term.
 
@@ -155,12 +171,13 @@ def command(
     )
     ratio = offload_ratio if offload_ratio is not None else facts.offload_ratio
     est = estimate(request, offload_optimizer, offload_param, ratio)
+    links = _links(request, Stage3Policy(hpz, mics, qwz), facts.buckets)
     if plot is not None:
         from zerorun.estimate.plot import write_plot
 
         notes.append(f"chart written to {write_plot(est, plot)}")
     if as_json:
-        print(json.dumps(est.to_json(), indent=2))
+        print(json.dumps({**est.to_json(), "stage3_links": links.to_json()}, indent=2))
         return
     from rich.console import Console
 
@@ -170,3 +187,6 @@ def command(
     if not console.is_terminal:  # piped or captured: wide enough for every column
         console = Console(highlight=False, width=120)
     print_estimate(est, console, notes)
+    if nodes > 1 or not links.policy.plain:
+        for line in link_lines(links):
+            console.print(line, markup=False, highlight=False)

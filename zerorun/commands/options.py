@@ -13,8 +13,8 @@ import typer
 
 Gpus = Annotated[
     int | None,
-    typer.Option("--gpus", "-w", min=1, show_default=False,
-                 help="Ranks (GPUs) per node, also spelt --num-gpus or --world-size; the world size is this x --nodes."),
+    typer.Option("--gpus", "--gpus-per-node", "-w", min=1, show_default=False,
+                 help="Ranks (GPUs) per node, also spelt --gpus-per-node, --num-gpus or --world-size; the world is this x --nodes."),
 ]
 Nodes = Annotated[int, typer.Option("--nodes", min=1, help="Number of nodes (also spelt --num-nodes).")]
 ALIASES = {"--num-gpus": "--gpus", "--world-size": "--gpus", "--num-nodes": "--nodes"}

@@ -30,6 +30,14 @@ StageOpt = Annotated[int | None, typer.Option(
     "--stage", min=0, max=3, help="Override the config's ZeRO stage \\[default: the config's, else 3].")]
 StepsOpt = Annotated[int, typer.Option("--steps", min=1, help="Training steps after set-up.")]
 SeqLenOpt = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per sample.")]
+GpusPerNodeOpt = Annotated[int, typer.Option(
+    "--gpus-per-node", min=1, help="Ranks per node, for the bytes inside the node and across nodes.")]
+HpzOpt = Annotated[int, typer.Option(
+    "--hpz", min=1, help="Project ZeRO++ hpZ (zero_hpz_partition_size): backward gathers inside groups of N.")]
+MicsOpt = Annotated[int, typer.Option(
+    "--mics", min=0, help="Project MiCS (mics_shard_size): shard inside groups of N, replicate across them.")]
+QwzOpt = Annotated[bool, typer.Option(
+    "--qwz", help="Project ZeRO++ qwZ (zero_quantized_weights): int8 blockwise all-gathers of the weights.")]
 
 
 def _model_choice(model: Path | None, params: str | None, family: str, seq_len: int,
@@ -60,6 +68,10 @@ def command(
     stage: StageOpt = None,
     steps: StepsOpt = 2,
     seq_len: SeqLenOpt = 16,
+    gpus_per_node: GpusPerNodeOpt = 8,
+    hpz: HpzOpt = 1,
+    mics: MicsOpt = 0,
+    qwz: QwzOpt = False,
     as_json: Json = False,
 ) -> None:
     """Run the engine's real set-up and a few steps as rank R of N, in this one process.
@@ -78,6 +90,12 @@ def command(
     CUDA allocator. A script runs simulated unchanged with ZERORUN_SIMULATE=N
     (ZERORUN_SIMULATE_RANK, ZERORUN_SIMULATE_DEVICE=cpu|meta).
 
+    At stage 3 each step's bytes are also split by collective kind into those moved
+    inside the node and across nodes (--gpus-per-node), beside the estimate's.
+    --hpz, --mics and --qwz project ZeRO++ and MiCS onto the plain stage-3
+    collectives (the engine does not run them yet); under --mics the engine runs as
+    one rank of its shard group. docs/zeropp.md has the rules.
+
     Examples:
 
       zerorun simulate --world 512 --params 70B --meta
@@ -85,7 +103,10 @@ def command(
       zerorun simulate --world 64 --params 1.5B --family gpt2 --stage 2 --meta --json
 
       zerorun simulate --world 512 --params 1B --config ds.json --steps 3
+
+      zerorun simulate --world 512 --params 70B --meta --gpus-per-node 8 --hpz 8
     """
+    from zerorun.estimate.topology import NodeLayout, Stage3Policy
     from zerorun.simulate import Simulation
     from zerorun.simulate.compare import compare
     from zerorun.simulate.report import render, to_json
@@ -93,10 +114,17 @@ def command(
 
     cfg = config_with_stage(config, stage)
     micro_batch = int(cfg.get("train_micro_batch_size_per_gpu") or 1)
+    layout, policy = NodeLayout(world, gpus_per_node), Stage3Policy(hpz, mics, qwz)
+    policy.check(layout)
+    Simulation(world, rank)  # the rank is checked against the whole world, MiCS or not
+    if not policy.plain and (stage if stage is not None else cfg.get("zero_optimization", {}).get("stage")) != 3:
+        raise UsageError(f"{policy.label()} is a stage-3 policy", hint="add --stage 3",
+                         usage="zerorun simulate --world N --params SIZE --stage 3 --hpz 8")
     choice = _model_choice(model, params, family, seq_len, micro_batch)
-    sim = Simulation(world, rank, "meta" if meta else "cpu")
+    shard = policy.shard_size(layout)  # MiCS: one rank of a shard group; its traffic is stage 3's there
+    sim = Simulation(shard, rank % shard, "meta" if meta else "cpu")
     result = run(SimRequest(sim, choice, cfg, steps, seq_len))
-    comparison = compare(result, cfg, choice.shape)
+    comparison = compare(result, cfg, choice.shape, layout, policy)
     if as_json:
         print(json.dumps(to_json(result, comparison), indent=2))
         return

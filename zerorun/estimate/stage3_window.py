@@ -49,6 +49,8 @@ class Window:
     persistent_numel: int  # units under the persistence threshold: gathered at all times
     first_step_numel: int  # elements moved by the first step's collectives
     later_step_numel: int  # elements moved by every later step's collectives
+    total_numel: int = 0  # every unit's bucket, padding included (the reduce-scatter's elements)
+    later_forward_numel: int = 0  # of a later step's all-gathers, those issued in forward
 
 
 def decoder_units(shape: ModelShape) -> list[int]:
@@ -83,6 +85,7 @@ class _Replay:
         self.state = ["gathered" if p else "sharded" for p in persistent]
         self.live: set[int] = set()
         self.moved = 0
+        self.moved_in_forward = 0
         self.peak = 0
 
     def live_numel(self) -> int:
@@ -145,6 +148,7 @@ class _Replay:
             if not (self.needed_soon(i, pos) and self.live_numel() <= self.policy.max_live):
                 self.release(i)
         kept = self.live_numel()
+        self.moved_in_forward = self.moved
         for i in reversed(range(len(self.sizes))):
             pos += 1
             self.pre_unit(i, pos)
@@ -164,7 +168,7 @@ def stage3_window(units: list[int], world_size: int, policy: WindowPolicy, held:
     replay = _Replay(sizes, persistent, policy)
     kept = replay.run(set(held))
     first = 2 * (total - pers) + total + pers
-    return Window(kept, replay.peak, pers, first, replay.moved + total + pers)
+    return Window(kept, replay.peak, pers, first, replay.moved + total + pers, total, replay.moved_in_forward)
 
 
 def decoder_window(shape: ModelShape, world_size: int, policy: WindowPolicy) -> Window:

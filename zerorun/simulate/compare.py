@@ -13,7 +13,7 @@ stage 3 what :mod:`zerorun.estimate.stage3_window` replays.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerorun.estimate import (
     Buckets,
@@ -28,7 +28,11 @@ from zerorun.estimate import (
 from zerorun.estimate.buffers import window_policy
 from zerorun.estimate.shape import ModelShape
 from zerorun.estimate.stage3_window import Window, decoder_window
+from zerorun.estimate.topology import NodeLayout, Stage3Policy
 from zerorun.simulate.run import Counts, SimResult
+
+if TYPE_CHECKING:
+    from zerorun.simulate.links import LinkComparison
 
 STATE_TERMS = ("params", "gradients", "master_params", "optimizer_states")
 STEP_SCALAR_BYTES = 4  # torch's Adam/AdamW keep ``step`` as one fp32 scalar per parameter tensor
@@ -56,6 +60,7 @@ class Comparison:
     first_step_numel: int  # elements the estimate says the first step moves
     later_step_numel: int  # ... and every later step
     window: Window | None  # stage 3 with a known shape: the replayed coordinator window
+    links: LinkComparison | None = None  # stage 3: per step, the bytes by kind inside the node and across
 
 
 def _training(result: SimResult, cfg: Any) -> Training:
@@ -81,8 +86,12 @@ def model_state_bound(result: SimResult, optimizer: Optimizer) -> int:
             + result.buckets * STEP_SCALAR_BYTES + result.persistent_numel * elem)
 
 
-def compare(result: SimResult, config: dict[str, Any], shape: ModelShape | None) -> Comparison:
+def compare(result: SimResult, config: dict[str, Any], shape: ModelShape | None,
+            layout: NodeLayout | None = None, policy: Stage3Policy | None = None) -> Comparison:
+    """The estimate beside ``result``; at stage 3 also per link on ``layout`` (default: nodes of 8)
+    under ``policy`` (default plain stage 3; under MiCS ``result`` is one rank of a shard group)."""
     from zerorun.config import load_config
+    from zerorun.simulate.links import compare_links
 
     cfg = load_config(config, world_size=result.world_size, hidden_size=shape.hidden if shape else None)
     training = _training(result, cfg)
@@ -91,12 +100,14 @@ def compare(result: SimResult, config: dict[str, Any], shape: ModelShape | None)
                        Placement(result.stage))
     states = engine_breakdown(result.stage, training.dtype, training.optimizer, result.world_size, result.psi)
     psi = training.params
-    window = None
+    window = links = None
     first = later = 2 * psi
     if result.stage == 3:
         first = later = 3 * psi
         if shape is not None:
             window = decoder_window(shape, result.world_size, window_policy(buckets))
             first, later = window.first_step_numel, window.later_step_numel
+        links = compare_links(result, layout or NodeLayout(result.world_size), policy or Stage3Policy(), shape,
+                              buckets, training.optimizer)
     return Comparison({k: states[k] for k in STATE_TERMS}, row.buffer_detail, row.total,
-                      model_state_bound(result, training.optimizer), first, later, window)
+                      model_state_bound(result, training.optimizer), first, later, window, links)

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 from zerorun.estimate.counts import human_bytes
+from zerorun.estimate.topology import Link
 from zerorun.simulate.compare import STATE_TERMS, Comparison, moved_bytes, volume
 from zerorun.simulate.run import PHASES, Counts, SimResult
 
@@ -39,6 +40,7 @@ def to_json(result: SimResult, comparison: Comparison) -> dict[str, Any]:
             "steps": [_traffic(s, psi) for s in result.steps],
             "estimate_psi": {"first_step": comparison.first_step_numel / psi,
                              "later_steps": comparison.later_step_numel / psi},
+            "by_link": None if comparison.links is None else comparison.links.to_json(),
         },
         "seconds": result.seconds,
     }
@@ -99,6 +101,36 @@ def _comm_lines(result: SimResult, comparison: Comparison) -> list[str]:
     return lines
 
 
+def _link_lines(result: SimResult, comparison: Comparison) -> list[str]:
+    """The last simulated step's bytes by kind and link beside the estimate's same step."""
+    links = comparison.links
+    if links is None or not links.steps:
+        return []
+    est = links.estimate
+    last = len(links.steps)
+    est_step = est.first_step if last == 1 else est.later_steps
+    layout = est.layout
+    lines = [f"per link, step {last}: {est.policy.label()}, {layout.nodes} node(s) of {layout.per_node}",
+             f"  {'':<24}{'inside':>12}{'across':>12}{'est. inside':>14}{'est. across':>14}"]
+    sim_total, est_total = sum(links.steps[-1].values(), Link()), sum(est_step.values(), Link())
+    rows = [*links.steps[-1].items(), ("total", sim_total)]
+    for kind, link in rows:
+        if kind == "replica_all_reduce" and est.policy.mics <= 0:
+            continue
+        e = est_total if kind == "total" else est_step[kind]
+        lines.append(f"  {kind.replace('_', ' '):<24}{human_bytes(link.inside):>12}{human_bytes(link.across):>12}"
+                     f"{human_bytes(e.inside):>14}{human_bytes(e.across):>14}")
+    if est.policy.hpz > 1:
+        lines.append(f"  {'hpZ secondary copy':<24}{human_bytes(links.secondary_bytes):>24}"
+                     f"{human_bytes(est.secondary_bytes):>28}")
+    if est.policy.mics > 0:
+        lines.append(f"  (MiCS: the engine ran as rank {result.rank} of its shard group of {result.world_size};"
+                     " model states above are per rank)")
+    lines.append("  (projected: the engine runs plain stage 3; see docs/zeropp.md)"
+                 if not est.policy.plain else "  (inside includes the rank's own shard, which does not move)")
+    return lines
+
+
 def render(result: SimResult, comparison: Comparison) -> list[str]:
     """The text form; no line is longer than 80 columns."""
     where = "meta device (no storage)" if result.device == "meta" else "CPU (real allocations)"
@@ -109,4 +141,6 @@ def render(result: SimResult, comparison: Comparison) -> list[str]:
         "",
     ]
     body = [*_memory_lines(result, comparison), "", *_phase_lines(result), "", *_comm_lines(result, comparison)]
+    link_lines = _link_lines(result, comparison)
+    body += ["", *link_lines] if link_lines else []
     return [*head, *body, "", f"time taken: {result.seconds:.1f} s"]

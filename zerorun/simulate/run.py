@@ -81,6 +81,7 @@ class SimResult:
     persistent_numel: int  # stage 3: elements of the buckets kept gathered (padding included)
     setup: Counts  # zero.Init and initialize, before the first step
     steps: list[Counts]
+    step_phases: list[dict[str, Counts]]  # per step: the forward, backward and step phases' own traffic
     memory: dict[str, int]  # memory_breakdown() after the last step
     forward_params: int  # memory_breakdown()["params"] when the last forward ended
     kept_numel: int | None  # stage 3: non-persistent elements still gathered when the last forward ended
@@ -149,14 +150,18 @@ def run(req: SimRequest) -> SimResult:
         setup = _plus(init_traffic, _counts(engine.comm_stats()))
         tokens = torch.zeros(engine.train_micro_batch_size_per_gpu(), req.seq_len, dtype=torch.long,
                              device=engine.device)
-        steps, forward_params, kept = [], 0, None
+        steps, step_phases, forward_params, kept = [], [], 0, None
         for _ in range(req.steps):
-            before = _counts(engine.comm_stats())
+            marks = [_counts(engine.comm_stats())]
             loss = _phase(phases["forward"], cpu, partial(engine, tokens))
+            marks.append(_counts(engine.comm_stats()))
             forward_params, kept = engine.memory_breakdown()["params"], _stage3_figures(engine)[0]
             _phase(phases["backward"], cpu, partial(engine.backward, loss))
+            marks.append(_counts(engine.comm_stats()))
             _phase(phases["step"], cpu, engine.step)
-            steps.append(_minus(_counts(engine.comm_stats()), before))
+            marks.append(_counts(engine.comm_stats()))
+            steps.append(_minus(marks[-1], marks[0]))
+            step_phases.append({name: _minus(marks[i + 1], marks[i]) for i, name in enumerate(PHASES[1:])})
         cfg = engine.config
         _, peak_live, persistent = _stage3_figures(engine)
         return SimResult(
@@ -165,7 +170,7 @@ def run(req: SimRequest) -> SimResult:
             psi=engine.num_parameters(), buckets=len(engine.parts.buckets),
             padding_numel=sum(b.plan.padded_numel - b.plan.numel for b in engine.parts.buckets),
             persistent_numel=persistent,
-            setup=setup, steps=steps, memory=_bookkeeping(engine), forward_params=forward_params,
+            setup=setup, steps=steps, step_phases=step_phases, memory=_bookkeeping(engine), forward_params=forward_params,
             kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began)
 
 
