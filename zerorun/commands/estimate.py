@@ -14,6 +14,7 @@ from zerorun.estimate import (
     ActivationPolicy,
     Dtype,
     EstimateRequest,
+    Masters,
     ModelShape,
     Offload,
     Optimizer,
@@ -36,6 +37,10 @@ DtypeOpt = Annotated[Dtype | None, typer.Option("--dtype", help="Compute dtype \
 OptimizerOpt = Annotated[
     Optimizer | None, typer.Option("--optimizer", help="Optimizer state size \\[default: the config's, else adam].")
 ]
+MastersOpt = Annotated[Masters | None, typer.Option(
+    "--masters", help="Master weights, their gradients and the moments: fp32, or bf16 "
+    "(bf16.bf16_master_weights_and_grads + bf16_optimizer_states; -kahan/-stochastic: bf16.master_compensation) "
+    "\\[default: the config's, else fp32].")]
 OffloadOpt = Annotated[Offload | None, typer.Option(help="Pin the offload choice \\[default: show the usual variants].")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="A zerorun/DeepSpeed config: bucket sizes, dtype, optimizer.")]
 ModelOpt = Annotated[Path | None, typer.Option("--model", help="A Hugging Face config.json: the shape and Ψ.")]
@@ -93,6 +98,7 @@ def command(
     nodes: Nodes = 1,
     dtype: DtypeOpt = None,
     optimizer: OptimizerOpt = None,
+    masters: MastersOpt = None,
     offload_optimizer: OffloadOpt = None,
     offload_param: OffloadOpt = None,
     offload_ratio: Annotated[float | None, typer.Option(
@@ -160,7 +166,8 @@ def command(
     if shape is None:
         notes.append("stage 3 gathers whole blocks; without the shape only the prefetch bucket is counted")
     request = EstimateRequest(
-        training=Training(psi, gpus * nodes, dtype or facts.dtype or Dtype.BF16, optimizer or facts.optimizer or Optimizer.ADAM, fp32_grad_accum),
+        training=Training(psi, gpus * nodes, dtype or facts.dtype or Dtype.BF16, optimizer or facts.optimizer or Optimizer.ADAM,
+                          fp32_grad_accum, masters=masters or facts.masters or Masters.FP32),
         gpus_per_node=gpus,
         nodes=nodes,
         buckets=facts.buckets,

@@ -55,6 +55,25 @@ def _table(loaded: LoadedConfig, changed_only: bool, docs: bool) -> None:
     console.print(table)
 
 
+def per_param_lines(loaded: LoadedConfig) -> list[str]:
+    """The config's stage: model-state bytes per parameter of each master mode, the config's marked."""
+    from zerorun.estimate.from_config import dtype_of, masters_of, optimizer_of
+    from zerorun.estimate.model_states import Optimizer
+    from zerorun.estimate.per_param import modes_for, per_param, stages_for
+
+    cfg = loaded.config
+    stage, dtype, chosen = cfg.zero_optimization.stage, dtype_of(cfg), masters_of(cfg)
+    optimizer = optimizer_of(cfg) or Optimizer.ADAM
+    lines = []
+    for masters in modes_for(dtype):
+        if stage in stages_for(masters):
+            mark = "  <- this config" if masters is chosen else ""
+            lines.append(f"  {masters.value:<16} {per_param(stage, masters, dtype, optimizer).formula()}{mark}")
+    head = (f"model states per rank at stage {stage} ({dtype.value}, {optimizer.value}; Ψ parameters, N ranks; "
+            "`zerorun estimate` for every stage):")
+    return [head, *lines]
+
+
 def _write(text: str, output: Path | None) -> None:
     if output is None:
         typer.echo(text, nl=False)
@@ -135,6 +154,7 @@ def command(
         typer.echo(f"{label}: {problem.render(loaded.origin)}", err=True)
     if fmt is Format.table and output is None:
         _table(loaded, changed, docs)
+        typer.echo("\n".join(per_param_lines(loaded)))
     else:
         _write(
             to_json(loaded)

@@ -29,6 +29,7 @@ from zerorun.estimate.model_states import (
     PAPER_REFERENCE,
     Dtype,
     Layout,
+    Masters,
     ModelStates,
     Offload,
     Optimizer,
@@ -42,7 +43,7 @@ from zerorun.estimate.model_states import (
 from zerorun.estimate.shape import ModelShape, ShapeError, shape_from_hf_config
 
 __all__ = [
-    "DEFAULT_OVERHEAD", "FIT_HEADROOM", "PAPER_REFERENCE", "Layout", "paper_reference", "usable_bytes", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
+    "DEFAULT_OVERHEAD", "FIT_HEADROOM", "PAPER_REFERENCE", "Layout", "Masters", "paper_reference", "usable_bytes", "GB", "GiB", "ActivationPolicy", "Buckets", "CountError", "Dtype", "Estimate",
     "EstimateRequest", "ModelShape", "ModelStates", "Offload", "Optimizer", "Placement", "PlacementError",
     "Recommendation", "Row", "ShapeError", "Training", "activation_bytes", "buffer_terms", "engine_breakdown",
     "estimate", "estimate_row", "gib", "layer_activation_bytes", "model_states", "parse_bytes", "parse_gpu_memory",

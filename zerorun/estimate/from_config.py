@@ -8,7 +8,7 @@ from typing import Any
 
 from zerorun.errors import ZerorunError
 from zerorun.estimate.buffers import Buckets
-from zerorun.estimate.model_states import Dtype, Optimizer
+from zerorun.estimate.model_states import Dtype, Masters, Optimizer
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class ConfigFacts:
     dtype: Dtype | None = None
     optimizer: Optimizer | None = None
     offload_ratio: float = 1.0  # offload_optimizer.ratio (Twin-Flow, stage 3)
+    masters: Masters | None = None
 
 
 def optimizer_of(cfg: Any) -> Optimizer | None:
@@ -34,12 +35,22 @@ def optimizer_of(cfg: Any) -> Optimizer | None:
     return None  # unknown optimizer: the caller's default (Adam-sized) applies
 
 
-def _dtype_of(cfg: Any) -> Dtype:
+def dtype_of(cfg: Any) -> Dtype:
     if getattr(getattr(cfg, "bf16", None), "enabled", False):
         return Dtype.BF16
     if getattr(getattr(cfg, "fp16", None), "enabled", False):
         return Dtype.FP16
     return Dtype.FP32
+
+
+def masters_of(cfg: Any) -> Masters:
+    """bf16.bf16_master_weights_and_grads (with its master_compensation), else fp32 masters."""
+    bf16 = getattr(cfg, "bf16", None)
+    if not (getattr(bf16, "enabled", False) and getattr(bf16, "bf16_master_weights_and_grads", False)):
+        return Masters.FP32
+    compensation = getattr(bf16, "master_compensation", "none")
+    return {"kahan": Masters.BF16_KAHAN, "stochastic_rounding": Masters.BF16_STOCHASTIC}.get(compensation,
+                                                                                            Masters.BF16)
 
 
 def config_facts(path: str | Path | None, *, world_size: int, hidden_size: int | None) -> ConfigFacts:
@@ -62,4 +73,4 @@ def config_facts(path: str | Path | None, *, world_size: int, hidden_size: int |
     cfg = load_config(str(path), world_size=world_size, hidden_size=hidden_size)
     buckets = Buckets.from_zero_config(cfg.zero_optimization)
     ratio = float(getattr(getattr(cfg.zero_optimization, "offload_optimizer", None), "ratio", 1.0))
-    return ConfigFacts(buckets, _dtype_of(cfg), optimizer_of(cfg), ratio)
+    return ConfigFacts(buckets, dtype_of(cfg), optimizer_of(cfg), ratio, masters_of(cfg))

@@ -11,7 +11,9 @@ A step has two phases whose transients never coexist:
   (``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)``; everything else is in place), so one
   element per element it steps in one call; the for-loop form holds two tensors of the
   largest one (``exp_avg_sq.sqrt() / bias_correction2_sqrt``). SGD's are in place. Once the
-  step is bounded to a bucket, one call steps one bucket's shard.
+  step is bounded to a bucket, one call steps one bucket's shard. bf16 masters step each chunk
+  in fp32 temporaries of its master, gradient and two moments, plus the sqrt (20 bytes per
+  element; zerorun.engine.numerics.compensated).
 
 Stage 2-3's staging buffers are allocated once and held through both phases. The
 in-flight peak is ``held + max(backward, step)``.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerorun.estimate.model_states import Offload, Optimizer, Placement, Training
+from zerorun.estimate.model_states import Masters, Offload, Optimizer, Placement, Training
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,13 @@ class InFlight:
         return {**self.held, **self.backward, **self.step}
 
 
-def optimizer_temporaries(optimizer: Optimizer, elements: int, foreach: bool = True) -> int:
-    """fp32 bytes one optimizer call allocates while it steps ``elements`` (one tensor of them
-    when not ``foreach``). Adam with coupled weight decay (``Adam``'s ``weight_decay > 0``)
-    makes one more copy of the gradients; that is not counted."""
+def optimizer_temporaries(optimizer: Optimizer, elements: int, foreach: bool = True,
+                          masters: Masters = Masters.FP32) -> int:
+    """Bytes one optimizer call allocates while it steps ``elements`` (one tensor of them when not
+    ``foreach``), in the masters' dtype. Adam with coupled weight decay (``Adam``'s
+    ``weight_decay > 0``) makes one more copy of the gradients; that is not counted."""
+    if masters.low:  # fp32 master, gradient, moments and the sqrt of one chunk
+        return 4 * elements * (2 + optimizer.state_bytes // 4 + (optimizer in (Optimizer.ADAM, Optimizer.ADAMW)))
     if optimizer in (Optimizer.SGD, Optimizer.SGD_NO_MOMENTUM):
         return 0
     return 4 * elements * (1 if foreach else 2)
@@ -75,5 +80,6 @@ def in_flight(training: Training, placement: Placement, sizes: StepSizes, *, act
     bucket = min(sizes.bucket, training.params)
     stepped = -(-bucket // training.world_size) if placement.stage >= 1 else bucket  # the rank's shard of it
     on_device = placement.offload_optimizer is Offload.NONE  # offloaded, the step runs on the host
-    step = {"optimizer_temporaries": optimizer_temporaries(training.optimizer, stepped, foreach) if on_device else 0}
+    step = {"optimizer_temporaries": optimizer_temporaries(training.optimizer, stepped, foreach, training.masters)
+                                      if on_device else 0}
     return InFlight(held, backward, step)

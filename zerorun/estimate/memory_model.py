@@ -24,6 +24,7 @@ from zerorun.estimate.model_states import (
     model_states,
     paper_reference,
 )
+from zerorun.estimate.per_param import table as per_param_table
 from zerorun.estimate.shape import ModelShape
 
 DEFAULT_OVERHEAD = 1 * GiB
@@ -132,6 +133,10 @@ class Estimate:
             "world_size": r.training.world_size,
             "dtype": r.training.dtype.value,
             "optimizer": r.training.optimizer.value,
+            "masters": r.training.masters.value,
+            "bytes_per_param": {m.value: {str(p.stage): {"replicated": p.replicated, "sharded": p.sharded,
+                                                         "formula": p.formula()} for p in rows}
+                                for m, rows in per_param_table(r.training.dtype, r.training.optimizer).items()},
             "gpu_memory_bytes": r.gpu_memory,
             "fit_headroom": FIT_HEADROOM,
             "usable_bytes": None if r.gpu_memory is None else usable_bytes(r.gpu_memory),
@@ -240,5 +245,6 @@ def estimate(
     offload_ratio: float = 1.0,
 ) -> Estimate:
     """Every variant's row and the recommendation."""
-    rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param, offload_ratio)]
+    rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param, offload_ratio)
+            if p.stage >= 1 or not request.training.masters.low]  # bf16 masters need stage 1-3
     return Estimate(request, rows, recommend(rows, request.gpu_memory))

@@ -11,6 +11,15 @@ The default, ``Layout.ENGINE``, is what the bundled engine holds: at stages 2 an
 it keeps the rank's gradient shard in fp32 (4 bytes per element, not 2), so stage 2
 is 2Ψ + 16Ψ/N and stage 3 18Ψ/N. A shard is ceil(Ψ/N) elements: the engine pads its
 flat buffers to a multiple of N, so this is what a rank really holds.
+
+With bf16 masters (``Masters.BF16``: ``bf16.bf16_master_weights_and_grads`` +
+``bf16_optimizer_states``) the master is the bf16 parameter buffer itself (a separate bf16
+copy only where the optimizer is offloaded), the gradient shard is bf16 and Adam's moments
+are 2 + 2 bytes: stage 1 4Ψ + 4Ψ/N, stage 2 2Ψ + 6Ψ/N, stage 3 8Ψ/N with Adam. DeepSpeed
+0.19.8 holds the same at stage 3 (its master is the bf16 partition there too) and a separate
+bf16 master at stages 1-2 (2Ψ/N more).
+``Masters.BF16_KAHAN`` adds the 2-byte compensation buffer of ``bf16.master_compensation:
+kahan``; ``Masters.BF16_STOCHASTIC`` (stochastic rounding) costs no resting bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +61,23 @@ class Optimizer(str, Enum):
         return {"adam": 8, "adamw": 8, "sgd": 4, "sgd-nomomentum": 0}[self.value]
 
 
+class Masters(str, Enum):
+    """The dtype of the master weights, their reduced gradients and the optimizer's moments."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"  # bf16.bf16_master_weights_and_grads + bf16_optimizer_states
+    BF16_KAHAN = "bf16-kahan"  # ... + bf16.master_compensation: kahan (a bf16 compensation buffer)
+    BF16_STOCHASTIC = "bf16-stochastic"  # ... + bf16.master_compensation: stochastic_rounding (no buffer)
+
+    @property
+    def low(self) -> bool:
+        return self is not Masters.FP32
+
+    @property
+    def compensation_bytes(self) -> int:
+        return 2 if self is Masters.BF16_KAHAN else 0
+
+
 class Offload(str, Enum):
     """Where offloaded states live."""
 
@@ -83,6 +109,12 @@ class Training:
     optimizer: Optimizer = Optimizer.ADAM
     fp32_grad_accum: bool = False  # DeepSpeed's own layout: 16-bit gradients plus an fp32 copy (its "18 B/param")
     layout: Layout = Layout.ENGINE
+    masters: Masters = Masters.FP32
+
+    def __post_init__(self) -> None:
+        if self.masters.low and self.dtype is not Dtype.BF16:
+            raise PlacementError(f"bf16 masters need bf16 compute, not {self.dtype.value}",
+                                 hint="use --dtype bf16 with --masters bf16, or --masters fp32")
 
     @property
     def fp32_gradient_shard(self) -> bool:
@@ -164,6 +196,8 @@ class ModelStates:
 
 def model_states(training: Training, placement: Placement) -> ModelStates:
     """Per-rank model-state bytes for one stage and offload choice (pure arithmetic)."""
+    if training.masters.low:
+        return _low_precision_states(training, placement)
     stage = placement.stage
     dtype = training.dtype
     params = training.shard(stage >= 3) * dtype.nbytes
@@ -175,6 +209,27 @@ def model_states(training: Training, placement: Placement) -> ModelStates:
     # DeepSpeed keeps the fp32 gradient only for the rank's partition at stages 1-3.
     grad_accum = opt_elems * 4 if training.fp32_grad_accum and dtype.mixed else 0
 
+    return _placed(params, gradients, master, states, grad_accum, placement)
+
+
+def _low_precision_states(training: Training, placement: Placement) -> ModelStates:
+    """bf16 masters, gradients and moments (the engine's layout, see the module docstring)."""
+    stage = placement.stage
+    if stage == 0:
+        raise PlacementError("bf16 masters need ZeRO stage 1, 2 or 3 (as in DeepSpeed)",
+                             hint="use stage 1-3, or --masters fp32")
+    params = training.shard(stage >= 3) * 2
+    gradients = training.shard(stage >= 2) * 2
+    opt_elems = training.shard(True)
+    # over bf16 parameters the master is the buffer itself; offloaded, a bf16 copy on the host
+    master = opt_elems * 2 if placement.offload_optimizer is not Offload.NONE else 0
+    states = opt_elems * (training.optimizer.state_bytes // 2 + training.masters.compensation_bytes)
+    return _placed(params, gradients, master, states, 0, placement)
+
+
+def _placed(params: int, gradients: int, master: int, states: int, grad_accum: int,
+            placement: Placement) -> ModelStates:
+    """The terms split by where they live: the GPU, or the offload devices."""
     gpu = {"params": params, "gradients": gradients, "optimizer_states": master + states, "grad_accum": grad_accum}
     moved = {Offload.CPU: 0, Offload.NVME: 0}
     if placement.offload_optimizer is not Offload.NONE:

@@ -13,6 +13,7 @@ from rich.text import Text
 from zerorun.estimate.counts import gib
 from zerorun.estimate.memory_model import FIT_HEADROOM, Estimate, Row, usable_bytes
 from zerorun.estimate.model_states import Offload, Placement, paper_reference
+from zerorun.estimate.per_param import table as per_param_table
 
 # term -> (column header, bar character, colour); distinct characters keep the bars readable without colour
 TERMS: dict[str, tuple[str, str, str]] = {
@@ -67,6 +68,17 @@ def reference_line(est: Estimate) -> str:
     return f"reference, ZeRO paper (model states, 16-bit gradients): {cells} GiB"
 
 
+def per_param_lines(est: Estimate) -> list[str]:
+    """Model-state bytes per parameter of each master mode at each stage; the estimated one marked."""
+    t = est.request.training
+    lines = []
+    for masters, rows in per_param_table(t.dtype, t.optimizer).items():
+        cells = ", ".join(f"stage {p.stage} {p.formula()}" for p in rows)
+        mark = " (this estimate)" if masters is t.masters else ""
+        lines.append(f"bytes per parameter, {masters.value} masters{mark}: {cells}")
+    return lines
+
+
 def estimate_table(est: Estimate) -> Table:
     """One row per stage/offload variant; every memory column in GiB (2^30 bytes).
 
@@ -78,6 +90,7 @@ def estimate_table(est: Estimate) -> Table:
     any_nvme = any(row.nvme_per_node for row in est.rows)
     title = (
         f"{r.training.params:,} parameters ({r.training.params / 1e9:.2f}B), {r.training.dtype.value}, "
+        f"{'' if not r.training.masters.low else r.training.masters.value + ' masters, '}"
         f"{r.training.optimizer.value}, {r.nodes} node(s) x {r.gpus_per_node} GPU(s) = {r.training.world_size}"
     )
     fit = "" if r.gpu_memory is None else f"; fits: within {gib(usable_bytes(r.gpu_memory)):.1f} GiB " \
@@ -176,6 +189,8 @@ def print_estimate(est: Estimate, console: Console, notes: list[str]) -> None:
             console.print(f"[bold cyan]{hint}[/]", soft_wrap=True)
     console.print(assumptions_line(est), soft_wrap=True, markup=False)
     console.print(f"[dim]{reference_line(est)}[/]", soft_wrap=True)
+    for line in per_param_lines(est):
+        console.print(line, soft_wrap=True, markup=False, style="dim")
     console.print(bars(est))
     console.print(legend(est))
     for note in notes:
