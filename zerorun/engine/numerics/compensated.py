@@ -1,10 +1,16 @@
-"""Updates that bf16 masters would lose: Kahan compensation or stochastic rounding of the step.
+"""The step of bf16 masters in fp32 arithmetic, and updates they would lose: Kahan compensation or
+stochastic rounding of the step.
+
+Every chunk of bf16 masters steps in fp32 temporaries - the master (plus its compensation), its
+gradient and its moments, one chunk (at most one bucket) at a time - and is stored back in bf16.
+Without a compensation (``nearest``, the mode of ``bf16.master_compensation: none``) each stored
+value is rounded to nearest once: what DeepSpeed 0.19.8's fused Adam does over bf16 masters and
+moments (its CPU kernel and its CUDA kernel compute in fp32), where torch's optimizers over bf16
+tensors would round after every operation (``v * beta2`` with beta2 = 0.999 rounds back to ``v``).
 
 With bf16 masters (``bf16.bf16_master_weights_and_grads``) an update smaller than half a bf16
 ulp of its weight (2^-9 relative) rounds away, every step: at small learning rates training
-stalls. ``bf16.master_compensation`` (a zerorun key; DeepSpeed 0.19.8 has neither) steps each
-chunk of masters in fp32 temporaries - the master (plus its compensation), its gradient and its
-moments, one chunk (at most one bucket) at a time - and stores the result back in bf16:
+stalls. ``bf16.master_compensation`` (a zerorun key; DeepSpeed 0.19.8 has neither) keeps them:
 
 - ``kahan``: the rounding error of the stored master is kept in a bf16 buffer of the master's
   size and added back before the next step (+2 bytes per parameter, in the optimizer's state as
@@ -24,8 +30,8 @@ import torch
 from torch import nn
 
 KAHAN_KEY = "zerorun_kahan"
-MODES = ("none", "kahan", "stochastic_rounding")
-BYTES_PER_PARAM = {"none": 0, "kahan": 2, "stochastic_rounding": 0}
+MODES = ("nearest", "kahan", "stochastic_rounding")
+BYTES_PER_PARAM = {"nearest": 0, "kahan": 2, "stochastic_rounding": 0}
 """Extra resting bytes per parameter of each mode, over the bf16 master."""
 
 
@@ -42,7 +48,7 @@ class Compensation:
     """Steps a chunk of bf16 masters in fp32 (see the module docstring); one per master store."""
 
     def __init__(self, mode: str, rank: int, device: torch.device) -> None:
-        assert mode in MODES[1:], mode
+        assert mode in MODES, mode
         self.mode = mode
         self.generator = torch.Generator(device=device).manual_seed(0x5EED + rank)
 
@@ -72,6 +78,8 @@ class Compensation:
         if self.mode == "kahan":
             stored.copy_(wide)
             state[KAHAN_KEY] = (wide - stored.float()).to(torch.bfloat16)
+        elif self.mode == "nearest":
+            stored.copy_(wide)
         else:
             stored.copy_(stochastic_round(wide, self.generator))
         for k, v in state.items():  # the moments back into their bf16 storage (made now on the first step)

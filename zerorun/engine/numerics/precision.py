@@ -31,7 +31,9 @@ class PrecisionPolicy:
     scaler: loss_scaler.ScalerPolicy
     comm_dtype: torch.dtype | None
     master_dtype: torch.dtype = torch.float32
-    compensation: str = "none"  # bf16 masters' bf16.master_compensation (numerics.compensated)
+    # bf16 masters' step (numerics.compensated): nearest (bf16.master_compensation: none), kahan or
+    # stochastic_rounding; "none" with fp32 masters (the optimizer steps them as they are)
+    compensation: str = "none"
 
     @property
     def master_is_alias(self) -> bool:
@@ -61,4 +63,9 @@ def from_config(cfg: ZerorunConfig) -> PrecisionPolicy:
     dtype = torch.bfloat16 if bf16 else torch.float32
     low = bf16 and cfg.bf16.bf16_master_weights_and_grads
     return PrecisionPolicy(dtype, loss_scaler.constant(1.0), comm, master_dtype=dtype if low else torch.float32,
-                           compensation=cfg.bf16.master_compensation if low else "none")
+                           compensation=_step_mode(cfg.bf16.master_compensation) if low else "none")
+
+
+def _step_mode(compensation: str) -> str:
+    """bf16 masters always step in fp32 arithmetic; ``none`` rounds the result to nearest."""
+    return "nearest" if compensation == "none" else compensation
