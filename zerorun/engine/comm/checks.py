@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerorun.engine.errors import EngineError
+from zerorun.engine.check_modes import env_modes
 
 if TYPE_CHECKING:
     from zerorun.engine.comm.work import Work
@@ -58,12 +58,7 @@ class CollectiveDeviceError(AssertionError):
 
 def check_modes(env: Mapping[str, str] = os.environ) -> frozenset[str]:
     """The modes ``ZERORUN_CHECK_COLLECTIVES`` turns on (none when unset)."""
-    modes = frozenset(m.strip().lower() for m in env.get(CHECK_ENV, "").split(",") if m.strip())
-    unknown = sorted(modes - MODES)
-    if unknown:
-        raise EngineError(f"{CHECK_ENV} names unknown mode(s) {', '.join(unknown)}",
-                          f"use a comma-separated list of {', '.join(sorted(MODES))}, or unset it")
-    return modes
+    return env_modes(CHECK_ENV, MODES, env)
 
 
 def check_device(kind: str, device: torch.device, tensors: list[torch.Tensor]) -> None:

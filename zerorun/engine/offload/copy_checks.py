@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerorun.engine.errors import EngineError
+from zerorun.engine.check_modes import env_modes
 from zerorun.engine.offload.copies import Transfers
 
 CHECK_ENV = "ZERORUN_CHECK_COPIES"
@@ -49,12 +49,7 @@ class CopyRaceError(AssertionError):
 
 def check_modes(env: Mapping[str, str] = os.environ) -> frozenset[str]:
     """The modes ``ZERORUN_CHECK_COPIES`` turns on (none when unset)."""
-    modes = frozenset(m.strip().lower() for m in env.get(CHECK_ENV, "").split(",") if m.strip())
-    unknown = sorted(modes - MODES)
-    if unknown:
-        raise EngineError(f"{CHECK_ENV} names unknown mode(s) {', '.join(unknown)}",
-                          f"use {', '.join(sorted(MODES))}, or unset it")
-    return modes
+    return env_modes(CHECK_ENV, MODES, env)
 
 
 def poison(t: torch.Tensor) -> None:
