@@ -33,7 +33,7 @@ SeqLenOpt = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens per sam
 GpusPerNodeOpt = Annotated[int, typer.Option(
     "--gpus-per-node", min=1, help="Ranks per node, for the bytes inside the node and across nodes.")]
 HpzOpt = Annotated[int, typer.Option(
-    "--hpz", min=1, help="Project ZeRO++ hpZ (zero_hpz_partition_size): backward gathers inside groups of N.")]
+    "--hpz", min=1, help="Project ZeRO++ hpZ (the hpz partition size): backward gathers inside groups of N.")]
 MicsOpt = Annotated[int, typer.Option(
     "--mics", min=0, help="Project MiCS (mics_shard_size): shard inside groups of N, replicate across them.")]
 QwzOpt = Annotated[bool, typer.Option(
