@@ -74,5 +74,10 @@ def script_barrier(group: ScriptGroup) -> ScriptWork:
 def leave_group() -> None:
     """Every rank at a barrier, then the default group torn down (a clean end of a process)."""
     if dist.is_available() and dist.is_initialized():
+        import time
+
+        from zerorun.engine.comm.bootstrap import EXIT_GRACE_S
+
         dist.barrier()
         dist.destroy_process_group()
+        time.sleep(EXIT_GRACE_S)  # gloo's workers free their last works before the interpreter ends (bootstrap)
