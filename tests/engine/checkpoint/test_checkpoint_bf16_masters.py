@@ -1,6 +1,6 @@
 """Checkpoints of bf16 masters, gradients and moments (``bf16.bf16_master_weights_and_grads`` +
 ``bf16_optimizer_states``): a resume continues exactly where the run was (masters, bf16 moments, the Kahan
-buffer of ``master_compensation: kahan``, on the device and offloaded), and ``zerorun convert`` gives the
+buffer of ``master_compensation: kahan``, on the device, offloaded to cpu and to nvme), and ``zerorun convert`` gives the
 fp32 state dict of the bf16 masters. World 1, in this process."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import zerorun
 from zerorun.cli import main
 
 BOTH = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
-CASES = {"z3-kahan": ({"stage": 3}, "kahan"), "z2-cpu": ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "none")}
+NVME = {"device": "nvme", "nvme_path": "<tmp>", "buffer_count": 2}
+CASES = {"z3-kahan": ({"stage": 3}, "kahan"), "z2-cpu": ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, "none"),
+         "z3-nvme": ({"stage": 3, "offload_optimizer": NVME, "offload_param": NVME}, "none")}
 
 
 def _model() -> nn.Module:
@@ -47,6 +49,9 @@ def _train(engine, steps: range) -> list[float]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_resume_continues_exactly_and_convert_gives_fp32(tmp_path: Path, case: str) -> None:
     zero, compensation = CASES[case]
+    swap = tmp_path / "swap"
+    zero = {k: {**v, "nvme_path": str(swap)} if isinstance(v, dict) else v for k, v in zero.items()}
+    tmp_path = tmp_path / "ckpt"
     engine, opt, model = _engine(zero, compensation)
     _train(engine, range(3))
     engine.save_checkpoint(str(tmp_path))
