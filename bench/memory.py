@@ -25,6 +25,11 @@ zerorun-z3-ckpt (each block under non-reentrant activation checkpointing), zeror
 after use and prefetching one block - zerorun-z3-defaults (DeepSpeed's stage-3 defaults,
 which keep this whole model gathered from forward to backward), and ds-z0..z3 (DeepSpeed,
 run by ``--ds-python`` with DS_ACCELERATOR=cpu; ds-z3 by default).
+
+bf16 rows (not in the default set): zerorun-z3-bf16 (``bf16.enabled``, fp32 masters, gradient shard
+and moments: 18 bytes per parameter over N) and zerorun-z3-bf16m (``bf16.bf16_master_weights_and_grads``
++ ``bf16_optimizer_states``: 8 bytes over N, DeepSpeed 0.19.8's figure at stage 3 too), both with the
+config's AdamW and bf16 inputs; their floors count the bf16 terms (activations in bf16).
 """
 
 from __future__ import annotations
@@ -76,6 +81,18 @@ SYSTEMS = ("torch-ddp", "torch-fsdp2", "zerorun-z0", "zerorun-z1", "zerorun-z2",
 # glibc made to hand freed buffers back to the kernel at once (zerorun.engine.physical_memory.return_freed_memory)
 RETURNING_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_TRIM_THRESHOLD_": str(128 * 1024)}
 DS_SYSTEMS = ("ds-z3",)
+BF16_SYSTEMS = ("zerorun-z3-bf16", "zerorun-z3-bf16m")
+
+
+def bf16_block(system: str) -> dict[str, Any] | None:
+    """The bf16 block of a ``-bf16`` (fp32 masters) or ``-bf16m`` (bf16 masters, gradients, moments) system."""
+    if system.endswith("-bf16m"):
+        return {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    return {"enabled": True} if system.endswith("-bf16") else None
+
+
+def masters_of(system: str) -> str:
+    return "bf16" if system.endswith("-bf16m") else "fp32"
 
 
 # ---- the model variants --------------------------------------------------------------------
@@ -132,6 +149,8 @@ def _setup(system: str, args: argparse.Namespace, world: int):
         # DeepSpeed's defaults (zerorun-z3-defaults) forward keeps every unit it will reuse within
         # 1e9 elements gathered for backward: this whole model.
         cfg["zero_optimization"].update(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=block_numel(args))
+    if bf16_block(system) is not None:  # the config's AdamW: one optimizer for both master modes
+        cfg.update(bf16=bf16_block(system), optimizer=R.ADAMW_BLOCK)
     if system.endswith("-init"):
         import zerorun
 
@@ -155,6 +174,8 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     step = _setup(args.worker, args, world)
     batches = [[C.get_batch(args, s, rank, world)] for s in range(args.steps)]  # made before the reset
+    if bf16_block(args.worker) is not None:
+        batches = [[(x.bfloat16(), y) for x, y in b] for b in batches]
     setup_peak = METER.physical_figures(cpu)["host_peak_rss"]
     reset = METER.reset_peak(cpu)
     after_setup = METER.physical_figures(cpu)["host_rss"]
@@ -200,14 +221,15 @@ def model_facts(system: str, args: argparse.Namespace, world: int) -> ModelFacts
     head = h * h + h
     adapters = LORA_RANK * (h + f) * 2  # fc1's and fc2's down and up projections
     mb = args.global_batch // world
-    # per block fc1 keeps its input (h), GELU its input (f), fc2 its input (f): fp32, the micro batch's rows
-    per_block = mb * (h + 2 * f) * 4
-    kept = args.layers * mb * h * 4 + per_block if system.endswith("-ckpt") else args.layers * per_block
+    # per block fc1 keeps its input (h), GELU its input (f), fc2 its input (f): the micro batch's rows
+    nbytes = 2 if bf16_block(system) is not None else 4
+    per_block = mb * (h + 2 * f) * nbytes
+    kept = args.layers * mb * h * nbytes + per_block if system.endswith("-ckpt") else args.layers * per_block
     lora = system.endswith("-lora")
     return ModelFacts(trainable=args.layers * adapters + head if lora else args.layers * block + head,
                       frozen=args.layers * block if lora else 0, unit=adapters if lora else block,
                       gathered_unit=block + (adapters if lora else 0), largest_param=h * f,
-                      activations=kept + mb * h * 4)
+                      activations=kept + mb * h * nbytes)
 
 
 def stage_of(system: str) -> int:
@@ -221,11 +243,12 @@ def stage_of(system: str) -> int:
 def floor_bytes(system: str, args: argparse.Namespace, world: int) -> int:
     """The system's physical floor (the same arithmetic as ``zerorun estimate``)."""
     sys.path.insert(0, _ROOT)
-    from zerorun.estimate import Dtype, Optimizer, Training
+    from zerorun.estimate import Dtype, Masters, Optimizer, Training
     from zerorun.estimate.floor import physical_floor
 
     m = model_facts(system, args, world)
-    training = Training(m.trainable, world, Dtype.FP32, Optimizer.ADAMW)
+    dtype = Dtype.BF16 if bf16_block(system) is not None else Dtype.FP32
+    training = Training(m.trainable, world, dtype, Optimizer.ADAMW, masters=Masters(masters_of(system)))
     # at DeepSpeed's defaults the kept window is the whole model (the floor's gathered term is two units)
     gathered_unit = -(-m.trainable // 2) if system.endswith("-defaults") else m.gathered_unit
     return physical_floor(training, stage_of(system), unit=m.unit, gathered_unit=gathered_unit,
@@ -271,7 +294,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append(f"| {r['system']} | {r['stage']} | {r['peak_mib']:.0f} | {r['floor_mib']:.0f} | "
                      f"{r['peak_over_floor']:.2f} | {vs} |")
     n = sum(p.numel() for p in C.build_model(args).parameters())
-    lines.append(f"\n{n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} blocks), fp32, AdamW, "
+    lines.append(f"\n{n / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} blocks), fp32 (-bf16 rows: bf16), AdamW, "
                  f"world {args.world} on gloo, micro batch {args.global_batch // args.world}, {args.steps} steps; "
                  f"allocator {args.allocator}; peak: VmHWM after a reset at the end of set-up, less RSS after "
                  "`import torch` and torch.optim's imports; "
@@ -342,7 +365,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated; ds-* need --ds-python")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="comma-separated; ds-* need --ds-python; also " + ", ".join(BF16_SYSTEMS))
     p.add_argument("--ds-python", default=None, help="an interpreter with deepspeed: adds " + ", ".join(DS_SYSTEMS))
     p.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON (- for stdout)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per system")
