@@ -24,11 +24,13 @@ def write_config(path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def launch(script: str, *script_args: str, cwd: Path, world: int = 2, timeout: float = 150) -> str:
-    """``zerorun --as-deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0."""
+def launch(script: str, *script_args: str, cwd: Path, world: int = 2, timeout: float = 150,
+           env: dict[str, str] | None = None) -> str:
+    """``zerorun --as-deepspeed --num_gpus WORLD SCRIPT ARGS`` in ``cwd``; returns its output, fails on rc != 0.
+    ``env``: variables over ``ENV``."""
     argv = zerorun_argv("--as-deepspeed", "--num_gpus", str(world), "--master_port", "auto",
                         str(SCRIPTS / script), *script_args)
-    proc = subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     (cwd / f"{Path(script).stem}.log").write_text(output)  # the whole run, for a failure's post-mortem
     assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n{output[-6000:]}"
