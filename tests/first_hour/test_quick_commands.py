@@ -1,6 +1,7 @@
 """Quick small commands: validate, print-config and estimate never import torch or the engine
 (torch's import alone is 1-4 s on a shared 2-core machine; validate imported it for the optimizer's
-signature and took 7 s). The signature table they use instead is the real classes'."""
+signature and took 7 s), and convert imports torch but not its compiler. The signature table
+they use instead of torch is the real classes'."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ PROBE = ("import sys; from zerorun.cli import main; main(sys.argv[1:]); "
 def test_small_commands_do_not_import_torch(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "HEAVY []" in out.stdout, out.stdout[-500:] + out.stderr[-2000:]
+
+
+def test_convert_imports_torch_but_not_the_compiler(tmp_path: Path) -> None:
+    """convert needs torch to read the shards, not torch._dynamo: the collectives' and the parameter
+    attributes' compile markers imported it at import time (2-3x torch's own import; 11-13 s in all)."""
+    probe = ("import sys; from zerorun.cli import main; main(sys.argv[1:]); "
+             "print('LOADED', sorted(m for m in ('torch', 'zerorun.engine.checkpoint.load', 'torch._dynamo') "
+             "if m in sys.modules))")
+    argv = ["convert", str(tmp_path / "no-checkpoint"), str(tmp_path / "out.pt")]
+    out = subprocess.run([sys.executable, "-c", probe, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "LOADED ['torch', 'zerorun.engine.checkpoint.load']" in out.stdout, out.stdout[-500:] + out.stderr[-2000:]
 
 
 def test_the_signature_table_is_the_real_classes() -> None:

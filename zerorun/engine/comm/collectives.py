@@ -83,7 +83,10 @@ def _outside_backward_tls() -> Iterator[None]:
 
 # A collective is one opaque call to torch.compile (one graph break at its call site, in a
 # stage-3 gather): traced into, its thread-local check and async work break the graph twice.
-_opaque_to_compile = torch.compiler.disable
+# torch's lazy form of torch.compiler.disable: the same break, but torch._dynamo (2-3x torch's
+# own import) is imported at the first call, not by importing this module (`zerorun convert`
+# reaches it through the checkpoint readers and never calls a collective)
+_opaque_to_compile = torch._disable_dynamo
 
 # torch 2.13 deprecates the *_tensor names (a FutureWarning per call site) for the *_single
 # ones, same arguments; older torch has only the former

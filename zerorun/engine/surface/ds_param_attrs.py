@@ -97,7 +97,7 @@ def _part_of_shard(bucket: PartitionedBucket, offset: int, numel: int) -> torch.
     return local.narrow(0, start - lo, end - start)
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call (collectives.py)
 def sync(bucket: PartitionedBucket) -> None:
     """Write every parameter's DeepSpeed attributes from ``bucket`` (its state, shard and persistence)."""
     status = status_of(bucket)
@@ -115,7 +115,7 @@ def sync(bucket: PartitionedBucket) -> None:
         d["ds_tensor"] = _part_of_shard(bucket, slot.offset, slot.numel)
 
 
-@torch.compiler.disable  # plain attribute writes on parameters: dynamo cannot trace them, so not in a graph
+@torch._disable_dynamo  # plain attribute writes on parameters: dynamo cannot trace them, so not in a graph
 def sync_status(bucket: PartitionedBucket) -> None:
     """A state transition: only ``ds_status`` changes (the hot path: every gather and release)."""
     status = status_of(bucket)
