@@ -128,6 +128,45 @@ def test_the_step_takes_the_nodes_cores_over_its_local_ranks() -> None:
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize(("cores", "local_ranks"), [(2, 1), (2, 2), (2, 4), (16, 3), (64, 8), (96, 7)])
+def test_the_step_agrees_with_the_launchers_thread_share(cores: int, local_ranks: int) -> None:
+    """Under zerorun (OMP_NUM_THREADS unset: the launcher gives each rank its share) the step keeps that share."""
+    from launcher.threads import threads_for
+
+    share = threads_for({}, None, local_ranks, cores)
+    assert share is not None
+    assert step_threads({"LOCAL_WORLD_SIZE": str(local_ranks), "OMP_NUM_THREADS": share}, affinity=cores) == int(share)
+
+
+def test_a_one_thread_rank_steps_its_host_masters_on_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank started with one thread (torchrun's OMP_NUM_THREADS=1) steps on its share of the node's cores,
+    here all 4 of a (pretended) 4-core node with one local rank; forward and backward keep the one thread."""
+    from zerorun.engine.offload import threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.delenv(STEP_THREADS_ENV, raising=False)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine, opt, _, _ = zerorun.initialize(model=_model(), config=_config(2, {"device": "cpu"}))
+        inner_step, seen = opt.step, []
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            seen.append(torch.get_num_threads())
+            return inner_step(*args, **kwargs)
+
+        monkeypatch.setattr(opt, "step", step)
+        engine.backward(engine(torch.ones(4, WIDTH)).square().mean())
+        assert torch.get_num_threads() == 1
+        engine.step()
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {4} and after == 1
+
+
 # ---- the pipeline -------------------------------------------------------------------------------
 def test_the_next_chunk_steps_while_the_last_ones_upload_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk k steps while chunk k-1's masters are still going up and chunk k+1's gradients still
