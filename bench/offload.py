@@ -3,6 +3,7 @@
     python bench/offload.py                 # none / cpu / nvme, one fresh process each
     python bench/offload.py --kernels       # one host AdamW step: for-loop, foreach, fused, DeepSpeedCPUAdam
     python bench/offload.py --kernels --ds-python /path/to/deepspeed-venv/bin/python   # + DeepSpeed's own
+    python bench/offload.py --kernels --ds-python ... --repeat 3   # 3 alternated rounds (a loaded machine)
 
 Each placement runs in its own process (world size 1, fp32, ZeRO stage 2) so that the
 peak resident set size (``ru_maxrss``) is that placement's alone.
@@ -99,18 +100,31 @@ def kernels(numel: int, steps: int, names: list[str]) -> list[dict]:
     return out
 
 
-def print_kernels(numel: int, steps: int, ds_python: str | None) -> None:
-    rows = kernels(numel, steps, [*KERNELS, "zerorun DeepSpeedCPUAdam"])
-    if ds_python:  # its own environment (DeepSpeed is no dependency); its bin first on PATH: the cached op
-        env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore",
-               "PATH": os.pathsep.join([os.path.dirname(ds_python), os.environ.get("PATH", "")])}
-        done = subprocess.run([ds_python, __file__, "--kernel-one", "DeepSpeedCPUAdam", "--numel", str(numel),
-                               "--steps", str(steps)], capture_output=True, text=True, env=env, check=True)
-        rows += json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"one AdamW step, {numel:,} fp32 elements, 1 thread, median of {steps}:")
-    print("| kernel | ms / step | ns / parameter |\n|---|---:|---:|")
-    for row in rows:
-        print(f"| {row['kernel']} | {row['step_ms']:.1f} | {row['ns_per_param']:.2f} |")
+def _ds_kernel(numel: int, steps: int, ds_python: str) -> list[dict]:
+    """DeepSpeedCPUAdam itself, in its own environment (DeepSpeed is no dependency); its bin first on PATH:
+    the cached op."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore",
+           "PATH": os.pathsep.join([os.path.dirname(ds_python), os.environ.get("PATH", "")])}
+    done = subprocess.run([ds_python, __file__, "--kernel-one", "DeepSpeedCPUAdam", "--numel", str(numel),
+                           "--steps", str(steps)], capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_kernels(numel: int, steps: int, ds_python: str | None, repeat: int = 1) -> None:
+    """The table; with ``repeat`` > 1 the kernels run in that many alternated rounds (a load change on a shared
+    machine then hits every kernel), each round's figure given, the median of the rounds first."""
+    rounds: list[list[dict]] = []
+    for _ in range(repeat):
+        rows = kernels(numel, steps, [*KERNELS, "zerorun DeepSpeedCPUAdam"])
+        rounds.append(rows + (_ds_kernel(numel, steps, ds_python) if ds_python else []))
+    print(f"one AdamW step, {numel:,} fp32 elements, 1 thread, median of {steps} steps"
+          + (f", {repeat} alternated rounds (median, then each round)" if repeat > 1 else "") + ":")
+    print("| kernel | ms / step | ns / parameter |" + (" rounds, ms |" if repeat > 1 else "")
+          + "\n|---|---:|---:|" + ("---|" if repeat > 1 else ""))
+    for k, row in enumerate(rounds[0]):
+        ms = [r[k]["step_ms"] for r in rounds]
+        each = f" {' / '.join(f'{m:.1f}' for m in ms)} |" if repeat > 1 else ""
+        print(f"| {row['kernel']} | {statistics.median(ms):.1f} | {1e6 * statistics.median(ms) / numel:.2f} |{each}")
 
 
 def main() -> None:
@@ -122,6 +136,7 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true")
     parser.add_argument("--numel", type=int, default=25_459_200, help="--kernels: elements (the peers' 25M model)")
     parser.add_argument("--ds-python", help="--kernels: a Python with deepspeed, for DeepSpeedCPUAdam itself")
+    parser.add_argument("--repeat", type=int, default=1, help="--kernels: alternated rounds of every kernel")
     parser.add_argument("--kernel-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -132,7 +147,7 @@ def main() -> None:
         print(json.dumps(kernels(args.numel, args.steps, [args.kernel_one])))
         return
     if args.kernels:
-        print_kernels(args.numel, args.steps, args.ds_python)
+        print_kernels(args.numel, args.steps, args.ds_python, args.repeat)
         return
     for placement in ("none", "cpu", "nvme"):
         done = subprocess.run([sys.executable, __file__, "--one", placement,
