@@ -122,6 +122,9 @@ def test_the_step_takes_the_nodes_cores_over_its_local_ranks() -> None:
     assert step_threads({"LOCAL_WORLD_SIZE": "8", "OMP_NUM_THREADS": "8"}, affinity=8) == 8
     assert step_threads({"LOCAL_WORLD_SIZE": "4"}, affinity=2) == 1
     assert step_threads({STEP_THREADS_ENV: "3"}, affinity=2) == 3
+    # started by mpirun itself (no LOCAL_WORLD_SIZE): its local size, not every core for each of 8 ranks
+    assert step_threads({"OMPI_COMM_WORLD_LOCAL_SIZE": "8", "OMP_NUM_THREADS": "1"}, affinity=64) == 8
+    assert step_threads({"MPI_LOCALNRANKS": "4"}, affinity=64) == 16
     before = torch.get_num_threads()
     with threads_for_step(before + 1):
         assert torch.get_num_threads() == before + 1
