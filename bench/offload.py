@@ -80,7 +80,8 @@ def _adamw(name: str, p: nn.Parameter) -> torch.optim.Optimizer:
 
 
 def kernels(numel: int, steps: int, names: list[str]) -> list[dict]:
-    """ms per AdamW step of ``numel`` fp32 elements on one thread, each kernel on the same tensors."""
+    """ms per AdamW step of ``numel`` fp32 elements on one thread, each kernel on the same tensors: wall
+    time, and the process's CPU time (one thread: the kernel's own work, less moved by other jobs' load)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     start, grad = torch.randn(numel), torch.randn(numel)
@@ -90,13 +91,14 @@ def kernels(numel: int, steps: int, names: list[str]) -> list[dict]:
         p.grad = grad.clone()
         opt = _adamw(name, p)
         opt.step()
-        times = []
+        times, cpu = [], []
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             opt.step()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         out.append({"kernel": name, "numel": numel, "step_ms": 1000 * statistics.median(times),
-                    "ns_per_param": 1e9 * statistics.median(times) / numel})
+                    "cpu_ms": 1000 * statistics.median(cpu), "ns_per_param": 1e9 * statistics.median(times) / numel})
     return out
 
 
@@ -119,12 +121,13 @@ def print_kernels(numel: int, steps: int, ds_python: str | None, repeat: int = 1
         rounds.append(rows + (_ds_kernel(numel, steps, ds_python) if ds_python else []))
     print(f"one AdamW step, {numel:,} fp32 elements, 1 thread, median of {steps} steps"
           + (f", {repeat} alternated rounds (median, then each round)" if repeat > 1 else "") + ":")
-    print("| kernel | ms / step | ns / parameter |" + (" rounds, ms |" if repeat > 1 else "")
-          + "\n|---|---:|---:|" + ("---|" if repeat > 1 else ""))
+    print("| kernel | ms / step | ns / parameter | CPU ms / step |" + (" rounds, ms (CPU ms) |" if repeat > 1 else "")
+          + "\n|---|---:|---:|---:|" + ("---|" if repeat > 1 else ""))
     for k, row in enumerate(rounds[0]):
-        ms = [r[k]["step_ms"] for r in rounds]
-        each = f" {' / '.join(f'{m:.1f}' for m in ms)} |" if repeat > 1 else ""
-        print(f"| {row['kernel']} | {statistics.median(ms):.1f} | {1e6 * statistics.median(ms) / numel:.2f} |{each}")
+        ms, cpu = [r[k]["step_ms"] for r in rounds], [r[k]["cpu_ms"] for r in rounds]
+        each = f" {' / '.join(f'{m:.1f} ({c:.1f})' for m, c in zip(ms, cpu, strict=True))} |" if repeat > 1 else ""
+        print(f"| {row['kernel']} | {statistics.median(ms):.1f} | {1e6 * statistics.median(ms) / numel:.2f} | "
+              f"{statistics.median(cpu):.1f} |{each}")
 
 
 def main() -> None:
