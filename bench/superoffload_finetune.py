@@ -11,7 +11,7 @@ under ``zerorun --as_deepspeed``. Nothing is downloaded: the model is the tiny L
 tests/ds_scripts/tiny_llama.py (``--hidden``, ``--layers``), the dataset an Alpaca-format JSON
 file of counting sequences, and ``wandb`` (imported by the script, unused without
 ``--use_wandb``) a stub module on PYTHONPATH. Reported: the median of the script's own
-"Time: N ms" per step after its warm-up steps, for each run, and its losses.
+"Time: N ms" per step after its warm-up steps, for each run, and every rank's loss at the last step.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ def run(system: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: f
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
         raise SystemExit(f"{system} failed (exit {proc.returncode}):\n" + "\n".join(tail))
     timed = [t for n, _, t in steps if n > warmup]
+    last = max(n for n, _, _ in steps)  # every rank's loss of the last step (the lines do not all name the rank)
     return {"system": system, "step_ms_median": statistics.median(timed), "step_ms_min": min(timed),
-            "losses": [loss for _, loss, _ in steps]}
+            "losses": [loss for _, loss, _ in steps], "last_losses": sorted({loss for n, loss, _ in steps if n == last})}
 
 
 def main() -> None:
@@ -105,10 +106,10 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     print(f"finetune_zero3.py, stage {args.stage}, offload_optimizer cpu, 2 CPU ranks, tiny Llama "
           f"hidden {args.hidden} x {args.layers} layers, bf16, batch {args.batch}/rank, length {args.max_length}:")
-    print("| run | system | step ms (median) | step ms (min) | last loss |\n|---|---|---:|---:|---:|")
+    print("| run | system | step ms (median) | step ms (min) | last step's losses (the ranks') |\n|---|---|---:|---:|---|")
     for r in rows:
         print(f"| {r['repeat'] + 1} | {r['system']} | {r['step_ms_median']:.0f} | {r['step_ms_min']:.0f} | "
-              f"{r['losses'][-1]:.4f} |")
+              f"{', '.join(f'{x:.4f}' for x in r['last_losses'])} |")
 
 
 if __name__ == "__main__":
