@@ -30,6 +30,7 @@ PRIVATE_APIS = {
     "torch.utils._pytree.tree_flatten": ((2, 0), "required: stage-3 hooks find the tensors of a module's inputs"),
     "torch.testing._internal.distributed.fake_pg.FakeStore": ((2, 1), "required by zerorun.simulate only"),
     "torch._dynamo": ((2, 0), "named only: the memory baseline counts its import"),
+    "torch._disable_dynamo": ((2, 1), "required: the engine's compile markers, imported lazily (small commands skip the compiler)"),
 }
 # ProcessGroup._get_backend(device).options._timeout: optional (suppressed), the lane's wait timeout
 ATTRIBUTE_APIS = {"_get_backend": ((2, 0), "optional (AttributeError suppressed): the shared lane's timeout")}
