@@ -298,7 +298,7 @@ def test_recommendation_prefers_least_communication_that_fits() -> None:
     psi = 7_000_000_000
     request = EstimateRequest(Training(psi, 8), gpus_per_node=8, gpu_memory=200 * GiB)
     assert estimate(request).recommendation.row.placement == Placement(0)
-    tight = EstimateRequest(Training(psi, 8), gpus_per_node=8, gpu_memory=30 * GiB)
+    tight = EstimateRequest(Training(psi, 8), gpus_per_node=8, gpu_memory=32 * GiB)
     est = estimate(tight)
     chosen = est.recommendation.row
     assert chosen is not None and chosen.fits

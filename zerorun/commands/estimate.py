@@ -118,7 +118,7 @@ def command(
     flash_attention: Annotated[bool, typer.Option(help="No s^2 attention scores kept.")] = False,
     fp32_grad_accum: Annotated[bool, typer.Option(
         help="Describe DeepSpeed's layout instead: 16-bit gradients plus an fp32 copy (its 18 B/param).")] = False,
-    overhead: Annotated[str, typer.Option(help="CUDA context, NCCL and allocator slack per GPU.")] = "1GiB",
+    overhead: Annotated[str, typer.Option(help="CUDA context, cuBLAS, NCCL and allocator slack per GPU.")] = "1.5GiB",
     gpu_memory: Annotated[str | None, typer.Option(
         help="Memory per GPU: 80GB, 80GiB, 80G; a bare number is GiB \\[default: NVML].")] = None,
     as_json: Json = False,

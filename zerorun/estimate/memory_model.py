@@ -27,8 +27,11 @@ from zerorun.estimate.model_states import (
 from zerorun.estimate.per_param import table as per_param_table
 from zerorun.estimate.shape import ModelShape
 
-DEFAULT_OVERHEAD = 1 * GiB
-"""CUDA context (~0.3-0.5 GiB), NCCL buffers and allocator slack: 1 GiB unless --overhead."""
+DEFAULT_OVERHEAD = 3 * GiB // 2
+"""CUDA context, cuBLAS, NCCL and allocator slack: 1.5 GiB unless --overhead. Measured outside
+torch's allocator on an H200 (torch 2.11, CUDA 13, NCCL 2.28; bench/cuda_overhead.py): the context
+527 MiB, cuBLAS's first matmul 158 MiB more, NCCL's first communicator (world 1) 558 MiB more,
+1243 MiB in all; NCCL's per-peer buffers come on top at larger worlds."""
 
 FIT_HEADROOM = 0.05
 """The one fit threshold: a configuration fits when it leaves this fraction of the GPU free
