@@ -31,7 +31,8 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
   (torch's stream sanitizer): no data race between streams may be reported.
 * ``syncs/stage{0..3}``: host syncs per optimizer step counted by
   ``torch.cuda.set_sync_debug_mode("warn")``: at most one (the gradient norm).
-* ``throughput/stage{0..3}``: a 1B-class GPT (0.87B parameters, bf16, AdamW, 4 x 1024 tokens):
+* ``throughput/stage{0..3}``, ``throughput/stage{2,3}-offload_cpu``: a 1B-class GPT (0.87B parameters,
+  bf16, AdamW, 4 x 1024 tokens; the optimizer in pinned host memory for the offload rows):
   step time, tokens/s, model TFLOPs (6 per parameter per token + attention), peak memory.
 
 * ``engine/live-stage{0..3}``: the engine with every collective issued at world 1
@@ -427,6 +428,8 @@ def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tup
         out.append((f"syncs/stage{stage}", lambda st=stage: check_syncs(s, st)))
     for stage in range(4):
         out.append((f"throughput/stage{stage}", lambda st=stage: check_throughput(s, st)))
+    for stage in (2, 3):  # the host step (fused AdamW on the host's cores) is the step's speed here
+        out.append((f"throughput/stage{stage}-offload_cpu", lambda st=stage: check_throughput(s, st, offload=True)))
     return out
 
 
@@ -436,13 +439,14 @@ def check_syncs(s: Sizes, stage: int) -> dict[str, Any]:
     return device_checks.count_syncs(engine, s.steps, lambda i, d: batch(g, i, d), loss_of)
 
 
-def check_throughput(s: Sizes, stage: int) -> dict[str, Any]:
+def check_throughput(s: Sizes, stage: int, offload: bool = False) -> dict[str, Any]:
     g = s.throughput
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=500_000_000))  # DeepSpeed's default
+    zero: dict[str, Any] = {"offload_optimizer": {"device": "cpu", "pin_memory": True}} if offload else {}
+    engine = build(g, config(g, stage, "bf16", reduce_bucket_size=500_000_000, **zero))  # DeepSpeed's default
     psi = engine.num_parameters()
     flops = device_checks.model_flops_per_token(psi, g.layers, g.dim, g.block)
     out = device_checks.measure_throughput(engine, s.steps, g.batch * g.block, flops,

@@ -104,8 +104,8 @@ def plan(sizes: Any, make_model: Callable[[Any], torch.nn.Module], config: Calla
 
 def render(rows: list[tuple[str, str, int]]) -> str:
     total = sum(b for _, _, b in rows)
-    lines = [f"{'check':<24} {'budget':>7}  arithmetic"]
-    lines += [f"{name:<24} {budget:>6}s  {what}" for name, what, budget in rows]
+    lines = [f"{'check':<30} {'budget':>7}  arithmetic"]
+    lines += [f"{name:<30} {budget:>6}s  {what}" for name, what, budget in rows]
     lines.append(f"total {total} s of the {LIMIT_S} s limit ({LIMIT_S - total} s to spare); twice the total is "
                  f"{2 * total} s: {'a whole rerun fits' if 2 * total <= 600 else 'no room for a whole rerun'} "
                  "in 10 minutes")
