@@ -12,21 +12,41 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from launcher.heartbeats import Board
 from launcher.liveview import LiveView
 from launcher.protocol import Command
-from launcher.runners import PayloadMode
+from launcher.runners import NodeCommand, PayloadMode
 from launcher.stall import STALL_EXIT, StallPolicy, Verdict, place_of, stacks_text, verdict
 from launcher.stragglers import DEFAULT_FACTOR, DEFAULT_STEPS, StragglerTracker, describe
 from launcher.summary import summary
 
 if TYPE_CHECKING:
-    from launcher.executor import Executor, NodeRun
     from launcher.protocol import Event
+
+
+class NodeRun(Protocol):
+    """What the watch needs of one started node command (launcher.executor.NodeRun)."""
+
+    command: NodeCommand
+
+    def send(self, cmd: Command, close: bool = False) -> None: ...
+
+
+class Executor(Protocol):
+    """What the watch needs of the run it watches (launcher.executor.Executor): its events, its
+    node commands, and a way to stop them; the executor, in turn, only calls attach and tick."""
+
+    runs: Sequence[NodeRun]
+    stopping_since: float | None
+
+    def on(self, kind: str, handler: Callable[[NodeRun, Event], None]) -> None: ...
+
+    def stop_all(self) -> None: ...
 
 WATCHED = ("started", "heartbeat", "stacks", "rank_exited", "failed")
 
