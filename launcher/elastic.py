@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import socket
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -31,8 +30,8 @@ from launcher.ifname import export_ifnames
 from launcher.master import plan_master
 from launcher.membership import Change, Membership, NodeRange, WorldCheck, change_line, parse_nnodes, world_of
 from launcher.plan import LaunchPlan, build_plan
-from launcher.report import Failure, format_report
-from launcher.restarts import RestartPolicy, fresh_attempt, restart_note, run_watched, with_restart_count
+from launcher.report import Failure
+from launcher.restarts import RestartPolicy, run_with_restarts
 from launcher.runners import NodeCommand, RunnerKind, SshOptions
 from launcher.watch import RunWatch
 
@@ -106,38 +105,30 @@ class ElasticRun:
         print(text, file=self.err, flush=True)
 
     def run(self, members: tuple[NodeSlots, ...]) -> RunResult:
-        restart = 0
-        while True:
-            plan = elastic_plan(self.plan_of(members), restart)
+        """The attempts (restarts.run_with_restarts), each on the members the last failure left."""
+        current = [members]
+
+        def plan_for(restart: int) -> LaunchPlan:  # run_with_restarts adds the fresh key and the restart count
+            plan = with_elastic_env(self.plan_of(current[0]))
             if restart and self.facts:  # the first plan has its interfaces from the preflight already
                 plan = export_ifnames(plan, [self.facts.get(n.host) for n in plan.nodes])[0]
-            self.attempts.append(Attempt(tuple(n.host.name for n in members), world_of(members)))
-            executor, result = run_watched(plan, self.commands_for(plan), self.watch_for, self.err)
+            self.attempts.append(Attempt(tuple(n.host.name for n in current[0]), world_of(current[0])))
+            return plan
+
+        def before_restart(result: RunResult, restart: int) -> str | None:
             self.attempts[-1].ended = _ended(result)
-            if result.failures:
-                self.say(format_report(result.failures, plan.world_size, console=executor.once,
-                                       logs_said=self.watch_for is not None))
-            if not result.failures or result.interrupted or restart >= self.policy.max_restarts:
-                if result.failures and not result.interrupted:
-                    self.say(f"zerorun: giving up after {restart} restart(s) (--max_restarts {self.policy.max_restarts})")
-                self.say(self.summary())
-                return result
-            restart += 1
-            change = self.next_members(members, result.failures[0])
+            change = self.next_members(current[0], result.failures[0])
             if change is None:
                 self.say(f"zerorun: giving up: {self.membership.no_world(self.check)}")
-                self.say(self.summary())
-                return result
-            self.say(restart_note(result.failures[0], restart, self.policy, time.time()))
-            line = change_line(members, change)
-            if line:
-                self.say(line)
-            members = change.members
-            try:
-                time.sleep(self.policy.delay(restart))
-            except KeyboardInterrupt:
-                self.say("zerorun: interrupted before the restart; nothing is running")
-                return dataclasses.replace(result, exit_code=130, interrupted=True)
+                return None
+            line = change_line(current[0], change)
+            current[0] = change.members
+            return line or ""
+
+        result = run_with_restarts(plan_for, self.commands_for, self.policy, self.err, self.watch_for, before_restart)
+        self.attempts[-1].ended = _ended(result)
+        self.say(self.summary())
+        return result
 
     def next_members(self, members: tuple[NodeSlots, ...], failure: Failure) -> Change | None:
         failed = _failed_host(members, failure)
@@ -212,10 +203,9 @@ def _ended(result: RunResult) -> str:
     return f"{who} on {f.host} failed ({f.describe_code()})"
 
 
-def elastic_plan(plan: LaunchPlan, restart: int) -> LaunchPlan:
-    """The attempt's plan: a fresh job id and key after the first, ``ZERORUN_ELASTIC=1`` and the restart count."""
-    plan = plan if restart == 0 else fresh_attempt(plan)
-    env = dict(with_restart_count(plan, restart).env)
+def with_elastic_env(plan: LaunchPlan) -> LaunchPlan:
+    """The plan with ``ZERORUN_ELASTIC=1`` in every rank's environment."""
+    env = dict(plan.env)
     env[ELASTIC_ENV] = "1"
     return dataclasses.replace(plan, env=tuple(sorted(env.items())))
 

@@ -97,10 +97,14 @@ def run_with_restarts(
     policy: RestartPolicy,
     err: TextIO | None = None,
     watch_for: Callable[[LaunchPlan], RunWatch] | None = None,
+    before_restart: Callable[[RunResult, int], str | None] | None = None,
 ) -> RunResult:
     """Run attempt 0, and up to ``policy.max_restarts`` more after failures; the last result.
 
-    ``plan_for(n)`` is the plan of attempt ``n`` (the caller may pick a new free port).
+    ``plan_for(n)`` is the plan of attempt ``n`` (the caller may pick a new free port, or
+    other nodes). ``before_restart(result, n)``, called before restart ``n``, returns a line
+    to print after the restart note ("" for none), or None to give up (having said why):
+    launcher/elastic.py picks the next members there.
     """
     err = err or sys.stderr
     restart = 0
@@ -118,7 +122,12 @@ def run_with_restarts(
                       file=err, flush=True)
             return result
         restart += 1
+        line = "" if before_restart is None else before_restart(result, restart)
+        if line is None:
+            return result
         print(restart_note(result.failures[0], restart, policy, time.time()), file=err, flush=True)
+        if line:
+            print(line, file=err, flush=True)
         try:
             time.sleep(policy.delay(restart))
         except KeyboardInterrupt:  # Ctrl-C during the backoff: stop here, nothing is running

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zerorun.engine.comm.bootstrap import destroy_group
+
 ScriptWork = dist.Work | None
 ScriptGroup = dist.ProcessGroup | None  # None: the default group
 ReduceOpLike = dist.ReduceOp | dist.ReduceOp.RedOpType  # ReduceOp.SUM and its peers are RedOpType values
@@ -74,10 +76,5 @@ def script_barrier(group: ScriptGroup) -> ScriptWork:
 def leave_group() -> None:
     """Every rank at a barrier, then the default group torn down (a clean end of a process)."""
     if dist.is_available() and dist.is_initialized():
-        import time
-
-        from zerorun.engine.comm.bootstrap import EXIT_GRACE_S
-
         dist.barrier()
-        dist.destroy_process_group()
-        time.sleep(EXIT_GRACE_S)  # gloo's workers free their last works before the interpreter ends (bootstrap)
+        destroy_group()
