@@ -1,7 +1,7 @@
 """Measure optimizer offload on the toy MLP: step time and peak process memory per placement.
 
     python bench/offload.py                 # none / cpu / nvme, one fresh process each
-    python bench/offload.py --kernels       # one host AdamW step: for-loop, foreach, fused, DeepSpeedCPUAdam
+    python bench/offload.py --kernels       # one host AdamW step: for-loop, foreach, fused, zerorun's, DeepSpeedCPUAdam
     python bench/offload.py --kernels --ds-python /path/to/deepspeed-venv/bin/python   # + DeepSpeed's own
     python bench/offload.py --kernels --ds-python ... --repeat 3   # 3 alternated rounds (a loaded machine)
 
@@ -65,9 +65,14 @@ def one(placement: str, hidden: int, layers: int, steps: int) -> dict:
 
 
 KERNELS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+HOST_STEP = "zerorun host step"  # the kernel the engine picks, on masters and state placed as the engine does
 
 
 def _adamw(name: str, p: nn.Parameter) -> torch.optim.Optimizer:
+    if name == HOST_STEP:  # optimizer.type AdamW in the config, masters offloaded to cpu
+        from zerorun.engine.training.optim_factory import build_optimizer
+
+        return build_optimizer("AdamW", {"lr": 1e-4, "weight_decay": 0.01}, [p], host_step=True)
     if name == "zerorun DeepSpeedCPUAdam":  # deepspeed.ops.adam's class as zerorun provides it
         from zerorun.compat.optimizers import DeepSpeedCPUAdam
 
@@ -89,8 +94,14 @@ def kernels(numel: int, steps: int, names: list[str]) -> list[dict]:
     for name in names:
         p = nn.Parameter(start.clone())
         p.grad = grad.clone()
+        if name == HOST_STEP:
+            from zerorun.engine.offload import hugepages
+
+            p.data = hugepages.huge_copy(p.data)  # HostMasters' set-up
         opt = _adamw(name, p)
         opt.step()
+        if name == HOST_STEP:
+            hugepages.settle_state(opt, [p])  # HostMasters.step, after the step that made the state
         times, cpu = [], []
         for _ in range(steps):
             t0, c0 = time.perf_counter(), time.process_time()
@@ -117,7 +128,7 @@ def print_kernels(numel: int, steps: int, ds_python: str | None, repeat: int = 1
     machine then hits every kernel), each round's figure given, the median of the rounds first."""
     rounds: list[list[dict]] = []
     for _ in range(repeat):
-        rows = kernels(numel, steps, [*KERNELS, "zerorun DeepSpeedCPUAdam"])
+        rows = kernels(numel, steps, [*KERNELS, HOST_STEP, "zerorun DeepSpeedCPUAdam"])
         rounds.append(rows + (_ds_kernel(numel, steps, ds_python) if ds_python else []))
     print(f"one AdamW step, {numel:,} fp32 elements, 1 thread, median of {steps} steps"
           + (f", {repeat} alternated rounds (median, then each round)" if repeat > 1 else "") + ":")

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.offload import copy_checks
+from zerorun.engine.offload import copy_checks, hugepages
 from zerorun.engine.offload.copies import Fence
 from zerorun.engine.offload.policy import OffloadPolicy
 from zerorun.engine.offload.threads import step_threads, threads_for_step
@@ -66,6 +66,8 @@ class HostMasters:
         self.master_dtype = inner.masters[0].dtype if inner.masters else torch.float32
         # nvme writes the masters to files and frees them: pinned, torch's host cache would keep them
         home = self.copies if policy.device == "cpu" else copy_checks.transfers(False)
+        # masters and state that stay in host memory step faster in huge pages (nvme reads them afresh)
+        self.huge = policy.device == "cpu" and hugepages.wanted()
         for i, (b, m) in enumerate(zip(inner.buckets, inner.masters, strict=True)):
             if i in self.on_device:
                 continue
@@ -73,6 +75,8 @@ class HostMasters:
                 m.data = home.pinned(m.data)  # taken on the host already (stages 0-2's set-up)
             else:
                 m.data = home.host_copy(m.data, m.dtype)  # fp32, or bf16 masters
+            if self.huge and not home.is_pinned(m.data):  # pinned memory stays where the copier put it
+                m.data = hugepages.huge_copy(m.data)
             if getattr(b, "master", None) is not None:  # stage 3 buckets keep a handle on their master
                 b.master = m.data
 
@@ -97,6 +101,8 @@ class HostMasters:
                 if fence is not None:
                     fence.synchronize()
                 inner.step_chunk(optimizer, chunk, grads, multiplier)
+                if self.huge:  # the state this chunk's first step made, once
+                    hugepages.settle_state(optimizer, [inner.masters[i] for i in chunk if i not in self.on_device])
                 for i in chunk:  # up while the next chunk steps
                     inner.write_back(i, self._copy_up if i not in self.on_device else None)
                     if gather:
