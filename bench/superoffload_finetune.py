@@ -17,9 +17,11 @@ file of counting sequences, and ``wandb`` (imported by the script, unused withou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,8 +56,33 @@ def _config(stage: int, batch: int, path: Path) -> Path:
     return path
 
 
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+def _run_group(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a process group of its own, its output captured; past ``timeout`` the whole group is
+    stopped (SIGTERM, SIGKILL 30 s later): killing torchrun alone would leave its ranks running."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                _killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+            raise SystemExit(f"{argv[0]} ran past --timeout {timeout:g} s: its process group was stopped") from None
+        finally:
+            _killpg(proc.pid, signal.SIGKILL)  # a rank that outlived its launcher, whatever the outcome
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def run(system: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: float, warmup: int) -> dict:
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = _run_group(argv, env, cwd, timeout)
     steps = [(int(m[1]), float(m[2]), float(m[3])) for m in STEP.finditer(proc.stdout + proc.stderr)]
     if proc.returncode != 0 or not steps:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
