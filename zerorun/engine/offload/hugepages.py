@@ -5,8 +5,8 @@ read or written per fp32 parameter), and with 4 KiB pages each stream crosses a 
 miss, every 1024 elements. Linux backs memory with 2 MiB pages when the program asks before it
 first touches it (``madvise(MADV_HUGEPAGE)``) if ``/sys/kernel/mm/transparent_hugepage/enabled``
 is ``madvise`` (Ubuntu's default); ``always`` does it unasked, ``never`` not at all. Measured with
-torch's fused AdamW, one thread, 25.5M parameters on this project's machine: 0.70 ns per
-parameter in 4 KiB pages, 0.59 in 2 MiB pages (bench/offload.py --kernels, BENCHMARKS.md).
+torch's fused AdamW, one thread, 25.5M parameters on this project's machine: 0.75 CPU ns per
+parameter in 4 KiB pages, 0.64 in 2 MiB pages (bench/offload.py --kernels, BENCHMARKS.md).
 
 So, under ``madvise`` only, the host masters are copied at set-up, and each optimizer state
 tensor once after the step that created it (the optimizer allocates and fills it in one go),
