@@ -258,6 +258,32 @@ class Collectives:
                     dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), peer, self.group)]
         return self._exchange(ops, None, async_op)
 
+    @_opaque_to_compile
+    def all_to_all(self, send: torch.Tensor, recv: torch.Tensor, *, counted_as: str,
+                   finish: Callable[[], None] | None = None, async_op: bool = False) -> Pending:
+        """Chunk p of ``send`` goes to rank p, into chunk ``rank`` of ``recv`` (equal chunks, same dtype);
+        ``finish`` runs once all arrived. Counted under ``counted_as`` (qgZ's exchange is the gradient
+        reduce-scatter: :mod:`zerorun.engine.comm.quantized`); point to point on gloo, never the lane."""
+        self.counter.add(counted_as, send)
+        size = send.numel() // self.world_size
+        recv.narrow(0, self.rank * size, size).copy_(self.shard_of(send))  # nothing crosses a link for its own
+        if not self._live():
+            return self._exchange([], finish, async_op)
+        record, start = self._issue(counted_as, send.numel(), send.dtype)
+        if self.native_reduce_scatter:
+            self._check_device("all_to_all", send, recv)
+            with _outside_backward_tls():
+                work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+            exchange = Exchange([work], finish)
+            if not async_op:
+                exchange.wait()
+            return Pending(exchange if async_op else None).traced(record, start)
+        ops = []
+        for peer in self._peers():
+            ops += [dist.P2POp(dist.isend, send.narrow(0, peer * size, size), peer, self.group),
+                    dist.P2POp(dist.irecv, recv.narrow(0, peer * size, size), peer, self.group)]
+        return self._exchange(ops, finish, async_op).traced(record, start)
+
     def all_gather_object(self, obj: _T) -> list[_T]:
         """Every rank's ``obj`` (picklable), in rank order; uncounted (set-up and figures, not training)."""
         if not self._live():
