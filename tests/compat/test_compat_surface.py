@@ -238,7 +238,7 @@ def test_zero_init_takes_deepspeeds_arguments() -> None:
     with Init(remote_device="cpu", pin_memory=True, dtype=torch.float32, config_dict_or_path=cfg):
         model = nn.Linear(4, 4)
     assert bucket_of(model.weight) is not None  # built already sharded, as zerorun.zero.Init does
-    for kwargs, what in (({"mpu": object()}, "mpu"), ({"zero_quantized_weights": True}, "qwZ")):
+    for kwargs, what in (({"mpu": object()}, "mpu"), ({"zero_param_parallel_group": object()}, "hpZ")):
         with pytest.raises(UnsupportedFeature, match=what):
             Init(config_dict_or_path=cfg, **kwargs)
     with pytest.raises(UnsupportedFeature, match="register_external_parameter"):

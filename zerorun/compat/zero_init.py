@@ -4,7 +4,9 @@ Where the parameters rest and their dtype come from the config at ``initialize``
 (``offload_param``, ``bf16``/``fp16``), so ``remote_device``, ``pin_memory``, ``dtype`` and
 ``mem_efficient_linear`` change nothing zerorun computes and are accepted. Anything that
 would partition differently (model/sequence parallel groups, a data-parallel group that
-is not the whole world, ZeRO++ quantized weights, a custom swapper) raises.
+is not the whole world, ZeRO++'s hpZ group, a custom swapper) raises. ZeRO++'s
+``zero_quantized_weights`` and ``zero_quantized_nontrainable_weights`` apply to the parameters
+built inside (as the config keys of the same names do to all).
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ class Init(zero.Init):
         refused = {"mpu (model parallelism)": mpu is not None,
                    "zero_param_parallel_group (ZeRO++ hpZ)": zero_param_parallel_group is not None,
                    "sequence_data_parallel_group (sequence parallelism)": sequence_data_parallel_group is not None,
-                   "zero_quantized_weights (ZeRO++ qwZ)": zero_quantized_weights or zero_quantized_nontrainable_weights,
                    "param_swapper": param_swapper is not None,
                    "a data_parallel_group other than the whole world": not _whole_world(data_parallel_group)}
         for what, given in refused.items():
             if given:
                 unsupported(f"zero.Init({what})")
-        super().__init__(module=module, config=config, enabled=enabled, config_dict_or_path=config_dict_or_path)
+        super().__init__(module=module, config=config, enabled=enabled, config_dict_or_path=config_dict_or_path,
+                         zero_quantized_weights=zero_quantized_weights,
+                         zero_quantized_nontrainable_weights=zero_quantized_nontrainable_weights)
 
 
 def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:

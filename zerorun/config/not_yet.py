@@ -3,7 +3,8 @@
 Each is DeepSpeed 0.19.8's ``zero_optimization`` key; a config that sets one does not
 load (the schema forbids it) and the problem says so in these words instead of "unknown
 key". docs/zeropp.md has the plan; ``zerorun estimate``/``simulate`` ``--hpz``, ``--mics``
-and ``--qwz`` show what hpZ, MiCS and qwZ would move across nodes.
+and ``--qwz`` show what hpZ, MiCS and qwZ would move across nodes. ZeRO++'s quantized
+weights and gradients (qwZ, qgZ) are ``zero_optimization`` keys of the schema now.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ NOT_YET: dict[str, str] = {
     "zero_optimization.zero_hpz_partition_size": "ZeRO++ hpZ (a secondary parameter partition per node)",
     "zero_optimization.mics_shard_size": "MiCS (sharding inside groups, replicas across them)",
     "zero_optimization.mics_hierarchical_params_gather": "MiCS's hierarchical all-gather",
-    "zero_optimization.zero_quantized_weights": "ZeRO++ qwZ (int8 weight all-gathers)",
-    "zero_optimization.zero_quantized_nontrainable_weights": "ZeRO++'s quantized frozen weights",
-    "zero_optimization.zero_quantized_gradients": "ZeRO++ qgZ (quantized gradient reduction)",
     "zero_optimization.zeropp_loco_param": "ZeRO++ LoCo (error feedback for qgZ)",
 }
 
@@ -32,9 +30,6 @@ OFF: dict[str, tuple[object, ...]] = {
     "zero_hpz_partition_size": (0, 1),
     "mics_shard_size": (-1, 0),
     "mics_hierarchical_params_gather": (False,),
-    "zero_quantized_weights": (False,),
-    "zero_quantized_nontrainable_weights": (False,),
-    "zero_quantized_gradients": (False,),
     "zeropp_loco_param": (None,),
 }
 

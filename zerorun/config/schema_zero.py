@@ -23,6 +23,9 @@ STAGE3_ONLY_KEYS = (
     "stage3_max_reuse_distance",
     "stage3_gather_16bit_weights_on_model_save",
     "sub_group_size",
+    "zero_quantized_weights",
+    "zero_quantized_nontrainable_weights",
+    "zero_quantized_gradients",
 )
 """Keys that only ZeRO stage 3 reads; set below stage 3 they have no effect."""
 
@@ -145,4 +148,20 @@ class ZeroConfig(Block):
     )
     stage3_gather_16bit_weights_on_model_save: Bool = Field(
         False, description="Stage 3: gather the full 16-bit weights when saving the model."
+    )
+    # ZeRO++'s quantized communication (docs/zeropp.md); DeepSpeed reads them at stage 3 only
+    zero_quantized_weights: Bool = Field(
+        False,
+        description="Stage 3 (ZeRO++ qwZ): all-gather non-persistent parameters as int8 blocks with an fp32 "
+        "scale per 2048 elements (half of bf16's bytes); error per element at most max|block|/254.",
+    )
+    zero_quantized_nontrainable_weights: Bool = Field(
+        False,
+        description="Stage 3 (ZeRO++): keep the shards of frozen parameters (requires_grad=False) as int8 blocks "
+        "at rest, gathered quantized and dequantized on arrival.",
+    )
+    zero_quantized_gradients: Bool = Field(
+        False,
+        description="Stage 3 (ZeRO++ qgZ): reduce-scatter gradients as an all-to-all of int8 blocks, "
+        "dequantized and summed in fp32 by the receiving rank.",
     )

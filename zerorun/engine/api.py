@@ -240,7 +240,8 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     zero = cfg.zero_optimization
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
-                          overlap_comm=bool(zero.overlap_comm), accum_dtype=precision.master_dtype)
+                          overlap_comm=bool(zero.overlap_comm), accum_dtype=precision.master_dtype,
+                          quantized=bool(zero.zero_quantized_gradients) and stage.shard_parameters)
     offload = offload_from_config(zero)
     param_offload = param_policy(zero)  # offload_param: stage 3 only
     parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload)

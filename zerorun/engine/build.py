@@ -29,6 +29,7 @@ from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
 from zerorun.engine.flat_setup import move_the_rest, streamed_buckets, streamed_masters
+from zerorun.engine.mechanism import quantized_units
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
@@ -181,4 +182,6 @@ def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
                 zero_cfg: ZeroConfig, device: torch.device) -> Layout:
     """Stage 3's buckets, unit by unit (:func:`zerorun.engine.mechanism.units.plan_units`)."""
     plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
+    quantized_units.apply(plan.buckets, plan.frozen, bool(zero_cfg.zero_quantized_weights),
+                          bool(zero_cfg.zero_quantized_nontrainable_weights))  # ZeRO++: qwZ, frozen shards as int8
     return Layout(plan.buckets, plan.group_of_bucket, plan.frozen, plan.units, plan.modules)

@@ -30,17 +30,23 @@ from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.comm.quantize import dequantize, pack, packed_bytes, unpack
 
 
-def quantized_all_gather(coll: Collectives, full: torch.Tensor, *, label: str | None = None) -> Pending:
+def quantized_all_gather(coll: Collectives, full: torch.Tensor, *, label: str | None = None,
+                         packed: torch.Tensor | None = None) -> Pending:
     """All-gather ``full`` (this rank's chunk filled) as int8 blocks; every chunk dequantized at the wait.
 
-    Asynchronous: the returned handle's ``wait()`` completes the transfer, then writes the
-    dequantized chunks into ``full``.
+    ``packed``: this rank's chunk already quantized (a shard resting as int8, :func:`pack`'s
+    layout): sent as it is, ``full``'s own chunk not read. Asynchronous: the returned handle's
+    ``wait()`` completes the transfer, then writes the dequantized chunks into ``full``.
     """
     world, rank = coll.world_size, coll.rank
     size = full.numel() // world
     chunk = packed_bytes(size)
-    packed = torch.empty(world * chunk, dtype=torch.int8, device=full.device)
-    pack(coll.shard_of(full), packed.narrow(0, rank * chunk, chunk))
+    out = torch.empty(world * chunk, dtype=torch.int8, device=full.device)
+    if packed is None:
+        pack(coll.shard_of(full), out.narrow(0, rank * chunk, chunk))
+    else:
+        out.narrow(0, rank * chunk, chunk).copy_(packed)
+    packed = out
 
     def finish() -> None:
         for r in range(world):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from zerorun.engine.mechanism import quantized_units
 from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, bucket_of, unit_bucket
 
@@ -61,9 +62,13 @@ class Init:
     """``with zero.Init(config=cfg): model = Big()`` - build a stage-3 model already sharded."""
 
     def __init__(self, module: nn.Module | None = None, config: Source = None, enabled: bool = True,
-                 config_dict_or_path: Source = None, **kwargs: Any) -> None:
+                 config_dict_or_path: Source = None, zero_quantized_weights: bool = False,
+                 zero_quantized_nontrainable_weights: bool = False, **kwargs: Any) -> None:
+        """``zero_quantized_weights``/``zero_quantized_nontrainable_weights``: ZeRO++'s qwZ and quantized
+        frozen shards for the parameters built here, as the config keys of the same names ask for all."""
         self.config = config if config is not None else config_dict_or_path
         self.enabled = enabled
+        self.quantized = (zero_quantized_weights, zero_quantized_nontrainable_weights)
         self.coll: Collectives | None = None
         self.device: torch.device | None = None
         self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
@@ -134,6 +139,7 @@ class Init:
                   if p is not None and bucket_of(p) is None]
         if not params:
             return
+        quantized_units.mark(params, *self.quantized)
         b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
         b.provisional = True
         b.toucher = self._touch

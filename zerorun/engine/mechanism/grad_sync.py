@@ -77,6 +77,7 @@ import torch
 from torch.autograd import Variable
 
 from zerorun.engine.comm.collectives import Collectives, Pending
+from zerorun.engine.comm.quantized import quantized_reduce_scatter
 from zerorun.engine.mechanism.buckets import FlatBucket
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class ReducePolicy:
     staging_numel: int | None = None
     # the gradient shard's dtype (the masters'): fp32, or bf16 with bf16.bf16_master_weights_and_grads
     accum_dtype: torch.dtype = torch.float32
+    # ZeRO++ qgZ (zero_quantized_gradients): reduce-scatters cross as int8 blocks, summed in fp32 on arrival
+    quantized: bool = False
 
 
 class _Tracker:
@@ -182,8 +185,11 @@ class GradSyncBase:
         comm = flat if self.policy.comm_dtype in (None, flat.dtype) else flat.to(self.policy.comm_dtype)
         if self.pre != 1.0:
             comm.mul_(self.pre)
-        op = self.coll.reduce_scatter if scatter else self.coll.all_reduce
-        pending = op(comm, async_op=True).then(lambda: then(comm))
+        if scatter and self.policy.quantized:
+            pending = quantized_reduce_scatter(self.coll, comm, async_op=True)
+        else:
+            pending = (self.coll.reduce_scatter if scatter else self.coll.all_reduce)(comm, async_op=True)
+        pending.then(lambda: then(comm))
         self.inflight.append(pending)
         return pending
 

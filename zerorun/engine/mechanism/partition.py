@@ -42,6 +42,8 @@ import torch
 from torch import nn
 
 from zerorun.engine.comm.collectives import Collectives, Pending
+from zerorun.engine.comm.quantize import pack, packed_bytes
+from zerorun.engine.comm.quantized import quantized_all_gather
 from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.mechanism.guard import guard, unguard
 from zerorun.engine.mechanism.param_state import ParamState, check_transition
@@ -96,6 +98,10 @@ class PartitionedBucket(FlatBucket):
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
         self.offload: ParamOffload | None = None  # a ParamOffload holding the resting shard (offload_param), else None
+        # ZeRO++ (zerorun.engine.comm.quantized): the coordinator's gathers travel as int8 blocks (qwZ), and a
+        # frozen bucket may rest as them (``local`` None): every gather then dequantizes what rests
+        self.quantized_gather = False
+        self.resting: torch.Tensor | None = None
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
         for p in params:
@@ -133,18 +139,27 @@ class PartitionedBucket(FlatBucket):
         self.state = new
         ds_param_attrs.sync_status(self)
 
-    def gather_async(self) -> None:
-        """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather."""
+    def gather_async(self, quantized: bool = False) -> None:
+        """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather.
+
+        ``quantized`` (the coordinator's gathers under qwZ): the chunks travel as int8 blocks; a
+        bucket resting quantized always does (:meth:`rest_quantized`)."""
         self._move(ParamState.IN_FLIGHT)
-        local = self.local if self.offload is None else self.offload.fetch(self)
-        assert local is not None
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
+        if self.resting is not None:
+            self._pending = quantized_all_gather(self.coll, full, label=self.name, packed=self.resting)
+            return
+        local = self.local if self.offload is None else self.offload.fetch(self)
+        assert local is not None
         if self.offload is None:
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
             self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
+        if quantized:
+            self._pending = quantized_all_gather(self.coll, full, label=self.name)
+            return
         self._pending = self.coll.all_gather(full, async_op=True, label=self.name)  # the name a stall verdict shows
 
     def wait(self) -> None:
@@ -155,10 +170,10 @@ class PartitionedBucket(FlatBucket):
         self._pending = None
         self.bind()
 
-    def gather(self) -> None:
+    def gather(self, quantized: bool = False) -> None:
         """Whatever the state, end GATHERED (blocking)."""
         if self.state is ParamState.SHARDED:
-            self.gather_async()
+            self.gather_async(quantized)
         if self.state is ParamState.IN_FLIGHT:
             self.wait()
 
@@ -179,9 +194,20 @@ class PartitionedBucket(FlatBucket):
         if self.offload is not None and self.state is ParamState.SHARDED:
             self.offload.read_ahead(self)
 
+    def rest_quantized(self) -> None:
+        """Keep the resting shard as int8 blocks and fp32 scales (``zero_quantized_nontrainable_weights``,
+        frozen buckets): ``local`` goes; every gather dequantizes, an edit re-quantizes (:meth:`set_local`)."""
+        assert self.local is not None and self.offload is None and self.master is None
+        self.resting = torch.empty(packed_bytes(self.local.numel()), dtype=torch.int8, device=self.local.device)
+        pack(self.local, self.resting)
+        self.local = None
+        ds_param_attrs.sync(self)
+
     def set_local(self, shard: torch.Tensor) -> None:
         """The resting shard gets new values (after a step or an edit): in place, or into the offload."""
-        if self.offload is not None:
+        if self.resting is not None:
+            pack(shard, self.resting)
+        elif self.offload is not None:
             self.offload.store(self, shard)
         else:
             assert self.local is not None
@@ -217,6 +243,7 @@ class PartitionedBucket(FlatBucket):
 
     def held_bytes(self) -> int:
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
+        local += self.resting.numel() if self.resting is not None else 0
         full = self.live_numel * self._placeholder.element_size()
         return local + full
 
