@@ -10,6 +10,7 @@ message names the seed and the input.
 
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 from pathlib import Path
@@ -35,7 +36,9 @@ _SCALARS: list[Any] = [0, 1, -1, 2, 3, 4, 2**31, 2**63, -(2**70), 0.5, -0.0, 1e-
 def _value(rng: random.Random, depth: int = 0) -> Any:
     roll = rng.random()
     if roll < 0.75 or depth > 2:
-        return rng.choice(_SCALARS)
+        # a copy: random_config nests later keys into a dict it drew, which must not be the shared one
+        # (a drawn {} once grew to hold itself, and validation recursed without end)
+        return copy.deepcopy(rng.choice(_SCALARS))
     if roll < 0.87:
         return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     return {rng.choice(["type", "params", "lr", "device", "x"]): _value(rng, depth + 1) for _ in range(rng.randint(0, 3))}
