@@ -262,7 +262,7 @@ class GatherCoordinator:
         b = self.buckets[bi]
         if b.state is ParamState.GATHERED:
             return
-        b.gather(b.quantized_gather)  # qwZ: only forward's and backward's gathers travel as int8
+        b.gather()
         self._track(bi)
 
     def _track(self, bi: int) -> None:
@@ -282,7 +282,7 @@ class GatherCoordinator:
         for bi in picked:  # offloaded shards: every read is in flight before the first all-gather waits
             self.buckets[bi].read_ahead()
         for bi in picked:
-            self.buckets[bi].gather_async(self.buckets[bi].quantized_gather)
+            self.buckets[bi].gather_async()
             self.stats.prefetched += 1
             self._track(bi)
 

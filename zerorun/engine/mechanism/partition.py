@@ -139,11 +139,12 @@ class PartitionedBucket(FlatBucket):
         self.state = new
         ds_param_attrs.sync_status(self)
 
-    def gather_async(self, quantized: bool = False) -> None:
+    def gather_async(self, quantized: bool | None = None) -> None:
         """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather.
 
-        ``quantized`` (the coordinator's gathers under qwZ): the chunks travel as int8 blocks; a
-        bucket resting quantized always does (:meth:`rest_quantized`)."""
+        ``quantized``: the chunks travel as int8 blocks (unset: as :attr:`quantized_gather` says, which
+        the coordinator's gathers under qwZ use; ``GatheredParameters`` and checkpoints ask for exact
+        ones); a bucket resting quantized always does (:meth:`rest_quantized`)."""
         self._move(ParamState.IN_FLIGHT)
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
@@ -157,7 +158,7 @@ class PartitionedBucket(FlatBucket):
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
             self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
-        if quantized:
+        if self.quantized_gather if quantized is None else quantized:
             self._pending = quantized_all_gather(self.coll, full, label=self.name)
             return
         self._pending = self.coll.all_gather(full, async_op=True, label=self.name)  # the name a stall verdict shows
@@ -170,7 +171,7 @@ class PartitionedBucket(FlatBucket):
         self._pending = None
         self.bind()
 
-    def gather(self, quantized: bool = False) -> None:
+    def gather(self, quantized: bool | None = None) -> None:
         """Whatever the state, end GATHERED (blocking)."""
         if self.state is ParamState.SHARDED:
             self.gather_async(quantized)
