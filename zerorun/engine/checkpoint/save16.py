@@ -39,7 +39,7 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
             b = bucket_of(p)
             was_sharded = b is not None and b.state is not ParamState.GATHERED
             if was_sharded:
-                b.gather(quantized=False)
+                b.gather(exact=True)
             out[head + name] = copies[id(p)] = p.detach().clone().cpu()
             if was_sharded:
                 b.release()

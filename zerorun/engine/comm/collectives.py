@@ -279,9 +279,11 @@ class Collectives:
                 exchange.wait()
             return Pending(exchange if async_op else None).traced(record, start)
         ops = []
+        whole = self.group is dist.group.WORLD
         for peer in self._peers():
-            ops += [dist.P2POp(dist.isend, send.narrow(0, peer * size, size), peer, self.group),
-                    dist.P2POp(dist.irecv, recv.narrow(0, peer * size, size), peer, self.group)]
+            to = peer if whole else dist.get_global_rank(self.group, peer)  # point to point names world ranks
+            ops += [dist.P2POp(dist.isend, send.narrow(0, peer * size, size), to, self.group),
+                    dist.P2POp(dist.irecv, recv.narrow(0, peer * size, size), to, self.group)]
         return self._exchange(ops, finish, async_op).traced(record, start)
 
     def all_gather_object(self, obj: _T) -> list[_T]:

@@ -189,7 +189,7 @@ def GatheredParameters(params: torch.Tensor | Iterable[torch.Tensor] | None,  # 
         return
     to_release = [b for b in buckets.values() if b.state is not ParamState.GATHERED]
     for b in buckets.values():
-        b.gather(quantized=False)  # exact, as DeepSpeed's GatheredParameters is under qwZ
+        b.gather(exact=True)  # exact, as DeepSpeed's GatheredParameters is under qwZ
     try:
         yield
     finally:

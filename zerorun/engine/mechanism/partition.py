@@ -139,12 +139,14 @@ class PartitionedBucket(FlatBucket):
         self.state = new
         ds_param_attrs.sync_status(self)
 
-    def gather_async(self, quantized: bool | None = None) -> None:
-        """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather.
+    def gather_async(self) -> None:
+        """SHARDED -> IN_FLIGHT: give the full buffer its bytes back and start the all-gather (as int8
+        blocks under qwZ: :attr:`quantized_gather`, which the coordinator's gathers use)."""
+        self._start(self.quantized_gather)
 
-        ``quantized``: the chunks travel as int8 blocks (unset: as :attr:`quantized_gather` says, which
-        the coordinator's gathers under qwZ use; ``GatheredParameters`` and checkpoints ask for exact
-        ones); a bucket resting quantized always does (:meth:`rest_quantized`)."""
+    def _start(self, quantized: bool) -> None:
+        """The all-gather; ``quantized``: the chunks travel as int8 blocks. A bucket resting quantized
+        always sends them so (:meth:`rest_quantized`)."""
         self._move(ParamState.IN_FLIGHT)
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
@@ -158,7 +160,7 @@ class PartitionedBucket(FlatBucket):
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
             self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
-        if self.quantized_gather if quantized is None else quantized:
+        if quantized:
             self._pending = quantized_all_gather(self.coll, full, label=self.name)
             return
         self._pending = self.coll.all_gather(full, async_op=True, label=self.name)  # the name a stall verdict shows
@@ -171,10 +173,14 @@ class PartitionedBucket(FlatBucket):
         self._pending = None
         self.bind()
 
-    def gather(self, quantized: bool | None = None) -> None:
-        """Whatever the state, end GATHERED (blocking)."""
+    def gather(self, exact: bool = False) -> None:
+        """Whatever the state, end GATHERED (blocking). ``exact``: never as int8 blocks (``GatheredParameters``
+        and checkpoints, as DeepSpeed's are under qwZ), unless the bucket rests quantized."""
         if self.state is ParamState.SHARDED:
-            self.gather_async(quantized)
+            if exact:
+                self._start(quantized=False)
+            else:
+                self.gather_async()
         if self.state is ParamState.IN_FLIGHT:
             self.wait()
 
