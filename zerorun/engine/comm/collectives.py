@@ -278,6 +278,7 @@ class Collectives:
             if not async_op:
                 exchange.wait()
             return Pending(exchange if async_op else None).traced(record, start)
+        self.counter.via[counted_as] = "point-to-point all-to-all (quantized, zerorun.engine.comm.quantized)"
         ops = []
         whole = self.group is dist.group.WORLD
         for peer in self._peers():
