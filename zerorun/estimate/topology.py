@@ -22,10 +22,11 @@ The policies are DeepSpeed 0.19.8's (``docs/zeropp.md``), over the one stage-3 m
   traffic is plain stage 3 at world m, plus an all-reduce of each rank's gradient shard
   across the W/m replicas (one rank per group);
 * qwZ (``zero_quantized_weights``): every parameter all-gather of a non-persistent unit
-  carries int8 values and one fp32 scale per block of :data:`QWZ_BLOCK` elements.
+  carries int8 values and one fp32 scale per block of :data:`QWZ_BLOCK` elements (the
+  engine's quantizer, ``engine/comm/quantize.py``, uses this block).
 
-The engine does not implement hpZ, MiCS or qwZ yet (``config/schema_zero.py`` refuses the
-keys): these figures are what the plain stage-3 collectives would move under each policy.
+These figures are what the plain stage-3 collectives would move under each policy (projected
+from the engine's recorded collectives, not run).
 """
 
 from __future__ import annotations
