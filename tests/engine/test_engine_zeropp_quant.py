@@ -95,7 +95,7 @@ def reference(case: Case) -> tuple[list[float], list[torch.Tensor]]:
     return losses, [p.detach().clone() for p in master.parameters()]
 
 
-def _train(case: Case, rank: int) -> dict:
+def _train(case: Case, rank: int, ckpt: str | None = None) -> dict:
     import zerorun
     from zerorun.compat.zero_init import Init
 
@@ -119,20 +119,35 @@ def _train(case: Case, rank: int) -> dict:
     parts = engine.parts
     with zerorun.zero.GatheredParameters(list(model.parameters())):
         params = [p.detach().float().clone() for p in model.parameters()]
-    return {"losses": losses, "params": params,
+    reloaded = _reload(case, cfg, engine, ckpt) if ckpt is not None else None
+    return {"losses": losses, "params": params, "reloaded": reloaded,
             "bytes": {k: stats[k]["bytes"] for k in ("all_gather", "reduce_scatter")},
             "quantized_gather": [b.quantized_gather for b in [*parts.buckets, *parts.frozen]],
             "resting": [(b.local is None, b.resting is not None) for b in parts.frozen],
             "grads_quantized": parts.grad_sync.policy.quantized}
 
 
-def _train_all(rank: int, world: int) -> dict:
-    return {case.name: _train(case, rank) for case in CASES}
+def _reload(case: Case, cfg: dict, engine: object, ckpt: str) -> list[torch.Tensor]:
+    """Save, load into a fresh engine; its parameters (the frozen ones re-quantized at rest) gathered."""
+    import zerorun
+
+    engine.save_checkpoint(ckpt, tag="t")  # type: ignore[attr-defined]
+    model = _model(case)
+    fresh, _, _, _ = zerorun.initialize(model=model, model_parameters=[p for p in model.parameters()
+                                                                       if p.requires_grad], config=cfg)
+    fresh.load_checkpoint(ckpt, tag="t")
+    assert all(b.local is None and b.resting is not None for b in fresh.parts.frozen)
+    with zerorun.zero.GatheredParameters(list(model.parameters())):
+        return [p.detach().float().clone() for p in model.parameters()]
+
+
+def _train_all(rank: int, world: int, ckpt: str) -> dict:
+    return {case.name: _train(case, rank, ckpt if case.frozen else None) for case in CASES}
 
 
 @pytest.fixture(scope="module")
-def runs() -> list[dict]:
-    return run_distributed(_train_all, WORLD, timeout=420)
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_distributed(_train_all, WORLD, str(tmp_path_factory.mktemp("ckpt")), timeout=420)
 
 
 def _global_losses(runs: list[dict], name: str) -> torch.Tensor:
@@ -183,3 +198,7 @@ def test_frozen_shards_rest_as_int8_and_zero_init_asks_for_qwz(runs: list[dict])
     r = runs[0]["frozen-int8-init-qwz"]
     assert r["resting"] and all(x == (True, True) for x in r["resting"]), r["resting"]  # no local, int8 resting
     assert all(r["quantized_gather"]), "zero.Init(zero_quantized_weights=True) without the config key"
+    # a checkpoint holds the frozen weights dequantized; loaded, they rest as int8 again and gather the
+    # same (re-quantizing dequantized blocks gives the same int8: the block's max is 127 x its scale)
+    for got, saved in zip(r["reloaded"], r["params"], strict=True):
+        torch.testing.assert_close(got, saved, rtol=1e-6, atol=0)
