@@ -102,10 +102,12 @@ def master_port(text: str) -> tuple[int, str | None]:
     return int(text), None
 
 
-def validate_config(path: str, world_size: int, flag: str, keep_global_batch: bool = False) -> str:
+def validate_config(path: str, world_size: int, flag: str, keep_global_batch: bool = False,
+                    per_node: int | None = None) -> str:
     """Check the config file before any rank starts; return its absolute path.
 
-    ``keep_global_batch``: an elastic launch, whose ranks keep train_batch_size at any world."""
+    ``keep_global_batch``: an elastic launch, whose ranks keep train_batch_size at any world.
+    ``per_node``: the ranks of a node, against which hpZ's and MiCS's group sizes are checked."""
     p = Path(path)
     if p.is_dir() or not p.exists():
         what = "is a directory, not a config file" if p.is_dir() else "does not exist"
@@ -115,8 +117,26 @@ def validate_config(path: str, world_size: int, flag: str, keep_global_batch: bo
     except ImportError:
         print(f"zerorun: note: zerorun.config is not available, {flag} {path} was not validated", file=sys.stderr)
         return str(p.resolve())
-    load_config(str(p), world_size=world_size, keep_global_batch=keep_global_batch)
+    cfg = load_config(str(p), world_size=world_size, keep_global_batch=keep_global_batch)
+    if per_node is not None:
+        check_group_sizes(cfg.zero_optimization, world_size, per_node, f"{flag} {path}")
     return str(p.resolve())
+
+
+def check_group_sizes(zero: object, world_size: int, per_node: int, where: str) -> None:
+    """hpZ's and MiCS's groups must tile this world's nodes (zerorun.engine.comm.group_plan's rules)."""
+    hpz, mics = getattr(zero, "zero_hpz_partition_size", 1), getattr(zero, "mics_shard_size", -1)
+    hierarchical = getattr(zero, "mics_hierarchical_params_gather", False)
+    if hpz <= 1 and mics <= 0 and not hierarchical:
+        return
+    from zerorun.engine.comm.group_plan import plan_groups
+    from zerorun.errors import ZerorunError
+
+    try:
+        plan_groups(world_size, per_node, hpz, mics, hierarchical)
+    except ZerorunError as e:
+        raise LaunchError(f"{where}: {e.message} (a world of {world_size} ranks, {per_node} per node)",
+                          e.hint) from e
 
 
 def _flag_value(args: list[str], i: int) -> tuple[str, str | None]:
@@ -186,9 +206,10 @@ def ssh_options(ns: argparse.Namespace) -> SshOptions:
 def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> tuple[LaunchPlan, str | None]:
     world_size = sum(len(n.slots) for n in nodes)
     keep = node_range(ns) is not None
-    config = validate_config(ns.config, world_size, "--config", keep) if ns.config else None
+    per_node = max((len(n.slots) for n in nodes), default=1)
+    config = validate_config(ns.config, world_size, "--config", keep, per_node) if ns.config else None
     for flag, path in script_configs(ns.script_args):
-        validate_config(path, world_size, f"{flag} (a script argument)", keep)
+        validate_config(path, world_size, f"{flag} (a script argument)", keep, per_node)
     cwd = Path.cwd()
     env = collect_env(os.environ, default_env_files(cwd, Path.home()), ns.env, Path(ns.env_file) if ns.env_file else None)
     if config:

@@ -3,16 +3,13 @@
 Each is DeepSpeed 0.19.8's ``zero_optimization`` key; a config that sets one does not
 load (the schema forbids it) and the problem says so in these words instead of "unknown
 key". docs/zeropp.md has the plan; ``zerorun estimate``/``simulate`` ``--hpz``, ``--mics``
-and ``--qwz`` show what hpZ, MiCS and qwZ would move across nodes. ZeRO++'s quantized
-weights and gradients (qwZ, qgZ) are ``zero_optimization`` keys of the schema now.
+and ``--qwz`` show what hpZ, MiCS and qwZ would move across nodes. hpZ, MiCS and ZeRO++'s
+quantized weights and gradients (qwZ, qgZ) are ``zero_optimization`` keys of the schema now.
 """
 
 from __future__ import annotations
 
 NOT_YET: dict[str, str] = {
-    "zero_optimization.zero_hpz_partition_size": "ZeRO++ hpZ (a secondary parameter partition per node)",
-    "zero_optimization.mics_shard_size": "MiCS (sharding inside groups, replicas across them)",
-    "zero_optimization.mics_hierarchical_params_gather": "MiCS's hierarchical all-gather",
     "zero_optimization.zeropp_loco_param": "ZeRO++ LoCo (error feedback for qgZ)",
 }
 

@@ -150,6 +150,19 @@ def stage3_keys_below_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[
     ]
 
 
+def zeropp_groups(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """hpZ and MiCS are two layouts of one stage 3: not both; a hierarchical gather needs MiCS's groups.
+    (Sizes against the world and the nodes: the launcher's check, :mod:`zerorun.engine.comm.group_plan`.)"""
+    zero = cfg.zero_optimization
+    if zero.zero_hpz_partition_size > 1 and zero.mics_shard_size > 0:
+        return [Problem(f"{ZERO}.zero_hpz_partition_size", "is set together with mics_shard_size; pick one: hpZ "
+                        "keeps a secondary copy per node, MiCS shards inside groups (DeepSpeed runs MiCS alone)")]
+    if zero.mics_hierarchical_params_gather and zero.mics_shard_size <= 0:
+        return [Problem(f"{ZERO}.mics_hierarchical_params_gather", "is set without mics_shard_size; set "
+                        "mics_shard_size too, or drop it")]
+    return []
+
+
 RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     (("fp16.enabled", "bf16.enabled"), precision_exclusive),
     (("amp.enabled",), amp_unsupported),
@@ -159,6 +172,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     (("fp16", "bf16", f"{ZERO}.stage"), low_precision_masters),
     (("torch_autocast", "fp16.enabled", "bf16.enabled"), torch_autocast_rules),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
+    ((f"{ZERO}.zero_hpz_partition_size", f"{ZERO}.mics_shard_size"), zeropp_groups),
     ((), keys_without_effect),
 )
 

@@ -10,12 +10,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from zerorun.config.values import Bool, Fraction, NonNegInt, PosInt, Str, choice
+from zerorun.config.values import Bool, Fraction, Int, NonNegInt, PosInt, Str, choice
 
 OffloadDevice = Annotated[Literal["none", "cpu", "nvme"], BeforeValidator(choice("none", "cpu", "nvme"))]
 Stage = Annotated[Literal[0, 1, 2, 3], BeforeValidator(choice(0, 1, 2, 3))]
 
 STAGE3_ONLY_KEYS = (
+    "zero_hpz_partition_size",
+    "mics_shard_size",
+    "mics_hierarchical_params_gather",
     "stage3_prefetch_bucket_size",
     "stage3_param_persistence_threshold",
     "stage3_model_persistence_threshold",
@@ -116,6 +119,17 @@ class ZeroConfig(Block):
     )
     ignore_unused_parameters: Bool = Field(
         True, description="Tolerate parameters that get no gradient (stage 2)."
+    )
+    zero_hpz_partition_size: NonNegInt = Field(
+        1, description="Stage 3, ZeRO++ hpZ: after a unit's forward keep a secondary copy of its parameters "
+        "sharded over this many ranks of one node; backward gathers from it. 0 and 1: off.",
+    )
+    mics_shard_size: Int = Field(
+        -1, ge=-1, description="Stage 3, MiCS: shard parameters, gradients and optimizer state inside groups "
+        "of this many ranks, replicated across the groups. -1 and 0: off (the world is one group).",
+    )
+    mics_hierarchical_params_gather: Bool = Field(
+        False, description="Stage 3, MiCS: all-gather parameters in two hops, across nodes then inside each.",
     )
     sub_group_size: PosInt = Field(
         1_000_000_000, description="Elements per optimizer-step tile with offload at stage 3 (ZeRO-Infinity)."

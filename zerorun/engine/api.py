@@ -26,6 +26,7 @@ from torch import nn
 from zerorun.engine.build import Parts, build_parts
 from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.comm.groups import build_groups
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import EngineError, MissingModel, rank_prefixed
 from zerorun.engine.inference import InferenceEngine, build_inference_parts
@@ -244,7 +245,9 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
                           quantized=bool(zero.zero_quantized_gradients) and stage.shard_parameters)
     offload = offload_from_config(zero)
     param_offload = param_policy(zero)  # offload_param: stage 3 only
-    parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload)
+    groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,
+                           zero.mics_hierarchical_params_gather) if stage.shard_parameters else None)
+    parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload, groups)
     _deepspeed_attributes(model, opt, parts)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)

@@ -27,6 +27,7 @@ from torch.utils.hooks import RemovableHandle
 
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.comm.groups import Groups
 from zerorun.engine.errors import EngineError
 from zerorun.engine.flat_setup import move_the_rest, streamed_buckets, streamed_masters
 from zerorun.engine.mechanism import quantized_units
@@ -35,6 +36,7 @@ from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Uni
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.mechanism.masters import PartitionedMasters
 from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.mechanism.routes import GatherRoutes
 from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT
 from zerorun.engine.mechanism.units import plan_units
 from zerorun.engine.numerics.compensated import Compensation
@@ -61,6 +63,7 @@ class Parts:
     coordinator: GatherCoordinator | None = None  # gathers and releases sharded parameters unit by unit
     units: list[Unit] = field(default_factory=list)
     param_offload: ParamOffload | None = None  # offload_param: the resting shards in host memory / swap files
+    groups: Groups | None = None  # the shard group and hpZ's / MiCS's others (None: the world alone)
 
 
 @dataclass
@@ -142,19 +145,26 @@ def grad_hooks(buckets: list[FlatBucket], grad_sync: GradSyncBase) -> list[Remov
 
 def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext, coll: Collectives,
                 policy: StagePolicy, precision: PrecisionPolicy, zero_cfg: ZeroConfig, reduce: ReducePolicy,
-                offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None) -> Parts:
+                offload: OffloadPolicy | None = None, param_offload: OffloadPolicy | None = None,
+                process_groups: Groups | None = None) -> Parts:
+    """``coll``: the world. ``process_groups`` (sharded parameters): the shard group the parameters,
+    gradients and masters are sharded over, and hpZ's / MiCS's other groups (default: the world alone)."""
+    pg = process_groups or Groups.plain(coll)
+    world, coll = coll, pg.shard
     groups = optimizer_groups(module, optimizer)
     bucket_size = int(zero_cfg.reduce_bucket_size)
     master_data: list[torch.Tensor] = []
     if policy.shard_parameters:
-        layout = unit_layout(module, groups, coll, precision, zero_cfg, ctx.device)
+        layout = unit_layout(module, groups, coll, precision, zero_cfg, ctx.device, init=world)
+        route_gathers([*layout.buckets, *layout.frozen], pg)
     else:  # bucket by bucket onto the device, masters taken on the way (flat_setup)
         buckets, group_of, master_data, alias = streamed_buckets(groups, coll, ctx.device, bucket_size, policy,
                                                                  precision, offload)
         move_the_rest(module, ctx.device)
         cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
         layout = Layout(list(buckets), group_of)
-    coll.open_shared_lane(layout.largest())  # same-host gloo ranks: shared memory, a slot per bucket
+    for group in pg.by_name().values():  # same-host gloo ranks: shared memory, a slot per bucket
+        group.open_shared_lane(layout.largest())
     coordinator = None
     param_store = None
     if policy.shard_parameters:
@@ -162,7 +172,8 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
                                         GatherPolicy.from_config(zero_cfg))
         masters, param_store = _unit_masters(layout, coordinator, precision, offload, param_offload, optimizer)
         # units under this share reduce-scatters
-        grad_sync = policy.grad_sync(layout.buckets, coll, reduce, coordinator, min(bucket_size, COALESCE_LIMIT))
+        grad_sync = policy.grad_sync(layout.buckets, coll, reduce, coordinator, min(bucket_size, COALESCE_LIMIT),
+                                     replica=pg.replica)
     else:
         masters = streamed_masters(layout.buckets, master_data, alias, policy, coll, offload, optimizer)
         # the staging holds at most what DeepSpeed's bucket(s) would: reduce_bucket_size elements, twice
@@ -175,13 +186,24 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
     hooks = grad_hooks(layout.buckets, grad_sync)
     if coordinator is not None:
         coordinator.attach(module, layout.modules)
-    return Parts(layout.buckets, masters, grad_sync, hooks, layout.frozen, coordinator, layout.units, param_store)
+    return Parts(layout.buckets, masters, grad_sync, hooks, layout.frozen, coordinator, layout.units, param_store,
+                 groups=pg)
 
 
 def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives, precision: PrecisionPolicy,
-                zero_cfg: ZeroConfig, device: torch.device) -> Layout:
-    """Stage 3's buckets, unit by unit (:func:`zerorun.engine.mechanism.units.plan_units`)."""
-    plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device)
+                zero_cfg: ZeroConfig, device: torch.device, init: Collectives | None = None) -> Layout:
+    """Stage 3's buckets, unit by unit (:func:`zerorun.engine.mechanism.units.plan_units`), sharded over ``coll``;
+    ``init`` (default ``coll``): the group rank 0's weights are broadcast over."""
+    plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device,
+                      init=init)
     quantized_units.apply(plan.buckets, plan.frozen, bool(zero_cfg.zero_quantized_weights),
                           bool(zero_cfg.zero_quantized_nontrainable_weights))  # ZeRO++: qwZ, frozen shards as int8
     return Layout(plan.buckets, plan.group_of_bucket, plan.frozen, plan.units, plan.modules)
+
+
+def route_gathers(buckets: list[PartitionedBucket], pg: Groups) -> None:
+    """hpZ's secondary group and MiCS's two hops, on every bucket (persistent ones are never released: no copy)."""
+    hierarchy = (pg.inter, pg.intra) if pg.inter is not None and pg.intra is not None else None
+    world = pg.world if pg.shard is not pg.world else None
+    for b in buckets:
+        b.routes = GatherRoutes(secondary=pg.secondary, hierarchy=hierarchy, world=world)

@@ -139,7 +139,8 @@ class Engine(DeepSpeedSurface, HfSurface):
                               f"loss scaling (scale {scale:g}): its gradients are not scaled, and the step would "
                               "unscale them", "call engine.backward(loss) instead of loss.backward()")
         owned = parts.grad_sync.owned_grads()
-        norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.coll)
+        # over the shard group: each one holds a whole gradient (MiCS's replicas summed theirs already)
+        norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.shard_coll)
         overflow = not math.isfinite(norm_sq)  # a float already: no tensor, no second host read
         self.optimizer.overflow = overflow  # type: ignore[attr-defined]  # accelerate: was the step skipped?
         if overflow:
@@ -259,9 +260,25 @@ class Engine(DeepSpeedSurface, HfSurface):
         False where the host peak cannot be reset here (no writable ``/proc/self/clear_refs``)."""
         return physical_memory.reset_peak(self.device)
 
+    @property
+    def shard_coll(self) -> Collectives:
+        """The group the model states are sharded over: the world, or MiCS's shard group."""
+        groups = self.parts.groups
+        return groups.shard if groups is not None else self.coll
+
     def comm_stats(self) -> dict[str, dict[str, int | str]]:
-        """Calls, bytes and elements per collective kind since the engine started."""
-        return self.coll.counter.snapshot()
+        """Calls, bytes and elements per collective kind since the engine started (every group together)."""
+        groups = self.parts.groups
+        if groups is None or len(groups.by_name()) == 1:
+            return self.coll.counter.snapshot()
+        return metrics.sum_counts([c.counter.snapshot() for c in groups.by_name().values()])
+
+    def comm_stats_by_group(self) -> dict[str, dict[str, dict[str, int | str]]]:
+        """:meth:`comm_stats` per process group: ``world``, and ``shard``, ``replica`` (MiCS), ``secondary``
+        (hpZ), ``inter``/``intra`` (MiCS's hierarchical gather) where the policy has them."""
+        groups = self.parts.groups
+        named = groups.by_name() if groups is not None else {"world": self.coll}
+        return {name: c.counter.snapshot() for name, c in named.items()}
 
     def num_parameters(self) -> int:
         """Trainable parameters managed by the engine (without padding)."""

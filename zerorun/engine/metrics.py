@@ -101,3 +101,17 @@ def format_memory(breakdown: dict[str, int]) -> str:
     parts = [f"{key} {human_bytes(value)}" for key, value in kept.items()]
     physical = [f"{key} {human_bytes(breakdown[key])}" for key in PHYSICAL_KEYS if key in breakdown]
     return " | ".join([*parts, f"total {human_bytes(sum(kept.values()))}", *physical])
+
+
+def sum_counts(snapshots: list[dict[str, dict[str, int | str]]]) -> dict[str, dict[str, int | str]]:
+    """Several groups' collective counts (``CommCounter.snapshot``) as one: calls, bytes and elements
+    summed per kind; ``via`` is the first group's (the world's)."""
+    out: dict[str, dict[str, int | str]] = {}
+    for snap in snapshots:
+        for kind, row in snap.items():
+            into = out.setdefault(kind, {"calls": 0, "bytes": 0, "elements": 0})
+            for key in ("calls", "bytes", "elements"):
+                into[key] = int(into[key]) + int(row[key])
+            if "via" in row and "via" not in into:
+                into["via"] = row["via"]
+    return out

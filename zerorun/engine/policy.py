@@ -28,12 +28,15 @@ class StagePolicy:
     shard_parameters: bool = False  # parameters too live as shards, gathered unit by unit around their use
 
     def grad_sync(self, buckets: list[FlatBucket], coll: Collectives, reduce: ReducePolicy,
-                  coordinator: GatherCoordinator | None = None, coalesce_numel: int = 0) -> GradSyncBase:
+                  coordinator: GatherCoordinator | None = None, coalesce_numel: int = 0,
+                  replica: Collectives | None = None) -> GradSyncBase:
         """The reducer: all-reduce (or reduce-scatter into the owned chunk) in layout order, or, with sharded
-        parameters, reduce-scatter per unit as its gradients complete (small units coalesced)."""
+        parameters, reduce-scatter per unit as its gradients complete (small units coalesced), over ``coll``
+        (the shard group), then summed across ``replica`` (MiCS) at the boundary."""
         if self.shard_parameters:
             assert coordinator is not None, "sharded parameters are released by the gather coordinator"
-            return UnitGradSync(buckets, coll, reduce, coordinator, coalesce_numel)  # type: ignore[arg-type]
+            return UnitGradSync(buckets, coll, reduce, coordinator, coalesce_numel,  # type: ignore[arg-type]
+                                replica=replica)
         if self.shard_gradients:
             return ShardedGradSync(buckets, coll, reduce)
         return FullGradSync(buckets, coll, reduce, scatter=self.shard_optimizer)

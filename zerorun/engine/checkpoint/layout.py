@@ -40,9 +40,21 @@ def engine_layout(engine: Engine) -> tuple[tuple[BucketEntry, ...], dict[str, st
 
 
 def owned_parts(engine: Engine) -> tuple[int, int]:
-    """(parts, index): the masters hold chunk ``index`` of ``parts`` of every bucket."""
-    masters = engine.parts.masters
-    return (engine.ctx.world_size, engine.ctx.rank) if masters.sharded else (1, 0)
+    """(parts, index): the masters hold chunk ``index`` of ``parts`` of every bucket (parts: the shard
+    group's size, which is the world's unless MiCS shards inside smaller groups)."""
+    masters, shard = engine.parts.masters, engine.shard_coll
+    return (shard.world_size, shard.rank) if masters.sharded else (1, 0)
+
+
+def saved_world(engine: Engine) -> tuple[int, int, bool]:
+    """(world, rank, writes): the checkpoint is one of ``world`` rank files, this rank's is ``rank``, and
+    ``writes`` says whether this rank writes it. Under MiCS the replicas hold the same shards, so the
+    first shard group writes a checkpoint of a world of its size (loadable at any world, as any other)."""
+    replica = engine.parts.groups.replica if engine.parts.groups is not None else None
+    shard = engine.shard_coll
+    if replica is None:
+        return engine.ctx.world_size, engine.ctx.rank, True
+    return shard.world_size, shard.rank, replica.rank == 0
 
 
 def chunk_of(flat: torch.Tensor, padded_numel: int, owned: tuple[int, int], world: int, rank: int) -> torch.Tensor:

@@ -83,7 +83,8 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
 
 def rank_payload(engine: Engine) -> dict[str, Any]:
     """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
-    parts, rank, world = engine.parts, engine.ctx.rank, engine.ctx.world_size
+    parts = engine.parts
+    world, rank, _ = layout.saved_world(engine)
     owned = layout.owned_parts(engine)
     buckets = []
     with resident(parts.masters):
@@ -118,7 +119,7 @@ def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
     frozen = [n for n, _ in engine.module.named_parameters() if n not in stored]
-    manifest = Manifest(world_size=engine.ctx.world_size, stage=engine.zero_stage, dtype=engine.precision.name,
+    manifest = Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
                         zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
                         aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
     staging, final, old = staging_dir(root, tag), root / tag, previous_dir(root, tag)
@@ -147,8 +148,11 @@ def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str |
             sweep_staging(root)  # left by an earlier crash or a full disk: each holds a checkpoint's bytes
             staging.mkdir()
 
+    _, saved_rank, writes = layout.saved_world(engine)
+
     def write() -> None:
-        atomic.torch_save(rank_payload(engine), staging / rank_file(rank))
+        if writes:  # MiCS: one replica of each shard
+            atomic.torch_save(rank_payload(engine), staging / rank_file(saved_rank))
         atomic.torch_save(dict(client_state or {}), staging / client_file(rank))
         if rank == 0:
             write_extra(engine, staging)

@@ -116,6 +116,9 @@ class Collectives:
         self.counter = CommCounter()
         self.checks = check_modes()  # the test stand-ins for a GPU (zerorun.engine.comm.checks)
         self.live_at_one = (live_at_one or "live" in self.checks) and group is not None
+        # torch's point-to-point and broadcast name peers by their world rank: a subgroup's (hpZ, MiCS) differ
+        self._world_ranks = (list(range(world_size)) if group is None or group is dist.group.WORLD
+                             else [dist.get_global_rank(group, r) for r in range(world_size)])
         backend, self.device = "none", torch.device("cpu")
         if group is not None:
             device_type, backend = serving(group_backends(group), torch.cuda.is_available())
@@ -227,8 +230,8 @@ class Collectives:
         received = [torch.empty(size, dtype=flat.dtype, device=flat.device) for _ in self._peers()]
         ops = []
         for peer, buf in zip(self._peers(), received, strict=True):
-            ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), peer, self.group),
-                    dist.P2POp(dist.irecv, buf, peer, self.group)]
+            ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), self._world_ranks[peer], self.group),
+                    dist.P2POp(dist.irecv, buf, self._world_ranks[peer], self.group)]
         mine = self.shard_of(flat)
         return self._exchange(ops, lambda: shm.add_chunks(mine, received), async_op)
 
@@ -254,8 +257,8 @@ class Collectives:
         size = flat.numel() // self.world_size
         ops = []
         for peer in self._peers():
-            ops += [dist.P2POp(dist.isend, self.shard_of(flat), peer, self.group),
-                    dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), peer, self.group)]
+            ops += [dist.P2POp(dist.isend, self.shard_of(flat), self._world_ranks[peer], self.group),
+                    dist.P2POp(dist.irecv, flat.narrow(0, peer * size, size), self._world_ranks[peer], self.group)]
         return self._exchange(ops, None, async_op)
 
     @_opaque_to_compile
@@ -372,7 +375,8 @@ class Collectives:
         self.counter.add("broadcast", tensor)
         if self._live():
             record, start = self._issue("broadcast", tensor.numel(), tensor.dtype)
-            self._run(tensor, False, lambda t: dist.broadcast(t, src=src, group=self.group)).traced(record, start)
+            self._run(tensor, False, lambda t: dist.broadcast(t, src=self._world_ranks[src],
+                                                                        group=self.group)).traced(record, start)
 
     def shard_of(self, flat: torch.Tensor) -> torch.Tensor:
         """This rank's contiguous chunk of a flat buffer padded to a multiple of the world size."""

@@ -365,6 +365,8 @@ class GatherCoordinator:
     def after_step(self) -> None:
         """The shards changed: nothing gathered may hold stale values; persistent buckets re-gather."""
         self.release_all()
+        for b in self.buckets:  # hpZ: the secondary copies hold the old values
+            b.routes.drop_secondary()
         stale = [b for b in self.buckets if b.persistent and not b.frozen and b.state is ParamState.GATHERED]
         if stale:
             refresh_together(stale, stale[0].coll)

@@ -48,6 +48,7 @@ from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, BucketPlan, FlatBuc
 from zerorun.engine.mechanism.guard import guard, unguard
 from zerorun.engine.mechanism.param_state import ParamState, check_transition
 from zerorun.engine.mechanism.placement import to_device
+from zerorun.engine.mechanism.routes import GatherRoutes
 from zerorun.engine.surface import ds_param_attrs
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class PartitionedBucket(FlatBucket):
         # frozen bucket may rest as them (``local`` None): every gather then dequantizes what rests
         self.quantized_gather = False
         self.resting: torch.Tensor | None = None
+        self.routes = GatherRoutes()  # hpZ's secondary group, MiCS's two hops (zerorun.engine.mechanism.routes)
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
         for p in params:
@@ -151,6 +153,9 @@ class PartitionedBucket(FlatBucket):
         full = self._full
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
+        if self.routes.secondary_held():  # hpZ: from the node's secondary copy, not the primary shards
+            self._pending = self.routes.gather_secondary(full, self.name)
+            return
         if self.resting is not None:
             self._pending = quantized_all_gather(self.coll, full, label=self.name, packed=self.resting)
             return
@@ -160,6 +165,9 @@ class PartitionedBucket(FlatBucket):
             self.shard(full).copy_(local)  # on the device already: a device copy, stream-ordered
         else:
             self.offload.upload(self.shard(full), local)  # host->device, fenced (offload.copies)
+        if self.routes.hierarchy is not None:  # MiCS's two hops
+            self._pending = self.routes.gather_hierarchical(full, self.name)
+            return
         if quantized:
             self._pending = quantized_all_gather(self.coll, full, label=self.name)
             return
@@ -190,6 +198,7 @@ class PartitionedBucket(FlatBucket):
         The bytes go even while autograd holds views of the buffer (see the module doc).
         """
         self._move(ParamState.SHARDED)
+        self.routes.keep_secondary(self._full)  # hpZ: the node's shard of what was gathered, until the step
         for p in self.params:
             p.data = self._placeholder
             guard(p)
@@ -212,6 +221,7 @@ class PartitionedBucket(FlatBucket):
 
     def set_local(self, shard: torch.Tensor) -> None:
         """The resting shard gets new values (after a step or an edit): in place, or into the offload."""
+        self.routes.drop_secondary()  # the primary shard changes: the secondary copy is stale
         if self.resting is not None:
             pack(shard, self.resting)
         elif self.offload is not None:
@@ -232,7 +242,7 @@ class PartitionedBucket(FlatBucket):
     def scatter_from(self, src: int) -> None:
         """After rank ``src`` edited the gathered parameters: broadcast, and every rank keeps its chunk."""
         assert self.state is ParamState.GATHERED
-        self.coll.broadcast(self.data, src=src)
+        (self.routes.world or self.coll).broadcast(self.data, src=src)  # every replica of the shard too (MiCS)
         shard = self.shard(self.data)
         self.set_local(shard)
         if self.master is not None:
@@ -252,7 +262,7 @@ class PartitionedBucket(FlatBucket):
         local = self.local.numel() * self.local.element_size() if self.local is not None else 0
         local += self.resting.numel() if self.resting is not None else 0
         full = self.live_numel * self._placeholder.element_size()
-        return local + full
+        return local + full + self.routes.held_bytes()
 
 
 def _free(flat: torch.Tensor) -> None:

@@ -186,8 +186,13 @@ class UnitGradSync(ShardedGradSync):
     in_order = False  # a bucket is reduced (and its unit released) as soon as its gradients are in
 
     def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
-                 coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT) -> None:
+                 coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT,
+                 replica: Collectives | None = None) -> None:
+        """``replica`` (MiCS): the ranks holding the same shards; the boundary's shards are summed over it."""
         super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
+        self.replicas = ReplicaSum(self.accum, replica) if replica is not None else None
+        if replica is not None:  # the average is over the world: every shard group's ranks times its replicas
+            self.post = policy.predivide / (coll.world_size * replica.world_size)
         self.coordinator = coordinator
         self.coalesce_numel = coalesce_numel
         small = sum(b.plan.padded_numel for b in buckets if b.plan.padded_numel < coalesce_numel)
@@ -253,4 +258,63 @@ class UnitGradSync(ShardedGradSync):
                 self._launch(i)
         self._flush()
         super().finish_backward()  # everything is launched: waits for the reductions
+        if self.replicas is not None and self.sync:
+            self.replicas.reduce()
         self.coordinator.end_pass()
+
+    def prepare_backward(self, sync: bool) -> None:
+        if self.replicas is not None:
+            self.replicas.reopen()
+        super().prepare_backward(sync)
+
+    def zero(self) -> None:
+        super().zero()
+        if self.replicas is not None:
+            self.replicas.summed = False
+
+
+class ReplicaSum:
+    """MiCS: at the accumulation boundary, the gradient shards summed across the replicas of the shard group.
+
+    Each shard group reduce-scatters its own micro-batches; the ranks holding the same shard
+    (one per group) then all-reduce it, as DeepSpeed's ``allreduce_mics_shard_grads`` does, in
+    pieces of at most :data:`COALESCE_LIMIT` elements (one collective for a model's many small
+    shards). A backward that lands after the sum (a second backward before the step) first
+    divides it by the replica count, so the next sum counts what was summed once.
+    """
+
+    def __init__(self, accum: ShardAccumulator, replica: Collectives) -> None:
+        self.accum = accum
+        self.replica = replica
+        self.summed = False
+
+    def reduce(self) -> None:
+        shards = [self.accum.get(i) for i in range(len(self.accum.buckets))]
+        for piece in _pieces(shards, COALESCE_LIMIT):
+            flat = torch.cat([t.reshape(-1) for t in piece]) if len(piece) > 1 else piece[0].reshape(-1)
+            self.replica.all_reduce(flat)
+            if len(piece) > 1:
+                offset = 0
+                for t in piece:
+                    t.copy_(flat.narrow(0, offset, t.numel()))
+                    offset += t.numel()
+        self.summed = True
+
+    def reopen(self) -> None:
+        if self.summed:
+            for i in range(len(self.accum.buckets)):
+                if self.accum.holds(i):
+                    self.accum.get(i).div_(self.replica.world_size)
+            self.summed = False
+
+
+def _pieces(tensors: list[torch.Tensor], limit: int) -> list[list[torch.Tensor]]:
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if out[-1] and size + t.numel() > limit:
+            out.append([])
+            size = 0
+        out[-1].append(t)
+        size += t.numel()
+    return [p for p in out if p]

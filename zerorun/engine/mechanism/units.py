@@ -44,11 +44,11 @@ def _materialize(params: list[nn.Parameter]) -> None:
 
 
 def _make_bucket(name: str, params: list[nn.Parameter], gi: int, coll: Collectives, precision: PrecisionPolicy,
-                 threshold: int, device: torch.device, frozen: bool) -> PartitionedBucket:
+                 threshold: int, device: torch.device, frozen: bool, init: Collectives) -> PartitionedBucket:
     b = unit_bucket(params, coll, name, gi, device=device)
     b.frozen = frozen
     with torch.no_grad():
-        coll.broadcast(b.data, src=0)
+        init.broadcast(b.data, src=0)  # the world's rank 0, also when the bucket is sharded over a MiCS group
     b.seal()
     return _finish_bucket(b, precision, threshold)
 
@@ -63,6 +63,7 @@ def _adopt(params: list[nn.Parameter], name: str, gi: int, coll: Collectives, pr
     """
     prov = bucket_of(params[0])
     if (prov is None or not prov.provisional or prov.state is not ParamState.SHARDED
+            or prov.coll.world_size != coll.world_size  # zero.Init sharded over the world, the engine over MiCS's
             or len(prov.params) != len(params) or {id(p) for p in prov.params} != {id(p) for p in params}):
         return None
     prov.provisional, prov.coll, prov.name, prov.frozen = False, coll, name, frozen
@@ -93,7 +94,8 @@ class UnitPlan:
 
 
 def plan_units(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collectives,
-                precision: PrecisionPolicy, threshold: int, device: torch.device) -> UnitPlan:
+                precision: PrecisionPolicy, threshold: int, device: torch.device,
+                init: Collectives | None = None) -> UnitPlan:
     """Shard ``module`` unit by unit: only one unit is ever whole (on ``device``) while this runs.
 
     The root module is always a unit (possibly with no buckets of its own), so a parameter
@@ -121,7 +123,8 @@ def plan_units(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collec
             b = _adopt(ps, label, max(gi, 0), coll, precision, threshold, frozen=gi < 0)
             if b is None:
                 _materialize(ps)
-                b = _make_bucket(label, ps, max(gi, 0), coll, precision, threshold, device, frozen=gi < 0)
+                b = _make_bucket(label, ps, max(gi, 0), coll, precision, threshold, device, frozen=gi < 0,
+                                 init=init or coll)
             if gi < 0:
                 plan.frozen.append(b)
             else:

@@ -104,7 +104,7 @@ def full(engine: Engine, param: torch.Tensor, what: str) -> torch.Tensor | None:
     out = torch.zeros(frag.param_numel, dtype=torch.float32, device=engine.ctx.device)
     out.narrow(0, frag.param_start, frag.numel).copy_(piece)
     if engine.parts.masters.sharded:
-        engine.coll.all_reduce(out)
+        engine.shard_coll.all_reduce(out)  # each shard group holds the whole of it (MiCS)
     return out.view(frag.shape)
 
 
