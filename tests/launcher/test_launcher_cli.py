@@ -112,6 +112,19 @@ def test_bad_config_stops_the_launch_before_any_rank(tmp_path: Path) -> None:
     assert out.returncode == 1 and "--config 'missing.yaml' does not exist" in out.stderr
 
 
+def test_a_group_size_that_does_not_tile_the_nodes_stops_the_launch(tmp_path: Path) -> None:
+    """hpZ's group must lie inside a node and MiCS's divide the world: checked against the plan's nodes."""
+    marker = tmp_path / "ran"
+    (tmp_path / "t.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    for keys, text in (({"zero_hpz_partition_size": 4}, "zero_hpz_partition_size 4 does not divide the 2 ranks"),
+                       ({"mics_shard_size": 3}, "mics_shard_size 3 does not tile a world of 2 ranks")):
+        cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, **keys}}
+        (tmp_path / "ds.json").write_text(json.dumps(cfg))
+        out = run("--num_gpus", "2", "--config", "ds.json", "t.py", cwd=tmp_path)
+        assert out.returncode == 1 and text in out.stderr and "--config ds.json" in out.stderr, out.stderr
+        assert not marker.exists()
+
+
 def test_num_gpus_2_without_gpus_runs_two_cpu_ranks(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2}))
     out = run("--num_gpus", "2", "--config", "ds.json", "--master_port", "auto", "--log_dir", "logs", "--ranks", "1",
