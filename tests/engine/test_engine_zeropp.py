@@ -123,6 +123,34 @@ def _load_at(rank: int, world: int, root: str) -> dict:
     return out
 
 
+def _zero_init(rank: int, world: int) -> dict:
+    """Models built under DeepSpeed's ``zero.Init`` / ``MiCS_Init`` with hpZ and MiCS configs train at parity."""
+    import torch.distributed as dist
+
+    from zerorun.compat.zero_init import Init, MiCS_Init
+    from zerorun.engine.mechanism.partition import bucket_of
+    from zerorun.errors import UnsupportedFeature
+
+    case = Case("mlp", "fp32", 1, False, False)
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both, in one order
+    out: dict = {}
+    for name, keys, cls, kwargs in (
+            ("mics2", {"mics_shard_size": 2}, MiCS_Init, {}),
+            ("hpz2", {"zero_hpz_partition_size": 2}, Init, {"zero_param_parallel_group": pairs[rank // 2]})):
+        cfg = _config(case, keys)
+        with cls(config_dict_or_path=cfg, **kwargs):
+            model = make_model(case.model)
+        out[f"{name}-sharded-over"] = bucket_of(model.fc1.weight).coll.world_size
+        out[name] = train_case(case, rank, world, model=model, config=cfg)
+    try:  # the world is not the config's hpZ group
+        Init(config_dict_or_path=_config(case, {"zero_hpz_partition_size": 2}), zero_param_parallel_group=pairs[0]
+             if rank >= 2 else pairs[1])
+        out["wrong-group"] = "accepted"
+    except UnsupportedFeature as e:
+        out["wrong-group"] = str(e)
+    return out
+
+
 def _all(rank: int, world: int, root: str) -> dict:
     out: dict = {}
     for name, (per_node, keys) in LAYOUTS.items():
@@ -131,6 +159,7 @@ def _all(rank: int, world: int, root: str) -> dict:
         out[name]["counts"] = _phase_counts(rank, world, keys)
     os.environ["LOCAL_WORLD_SIZE"] = "2"
     out["checkpoints"] = _checkpoints(rank, world, root)
+    out["zero_init"] = _zero_init(rank, world)
     return out
 
 
@@ -209,3 +238,15 @@ def test_checkpoints_saved_at_world4_load_at_world2(runs: list[dict], root: Path
         for src in ("mics2", "hpz2"):
             for got, want in zip(r[src], saved[f"{src}-saved"], strict=True):
                 assert torch.equal(got, want), src
+
+
+@pytest.mark.parametrize("layout", ["mics2", "hpz2"])
+def test_zero_init_builds_for_hpz_and_mics(runs: list[dict], layout: str) -> None:
+    """DeepSpeed's ``MiCS_Init(config_dict_or_path=...)`` shards inside the MiCS group from the start;
+    ``Init(zero_param_parallel_group=...)`` takes the config's hpZ group; both then train at parity."""
+    case = Case("mlp", "fp32", 1, False, False)
+    ref_losses, ref_params = reference(case, WORLD)
+    assert_matches_reference(case, WORLD, [r["zero_init"][layout] for r in runs], STEPS, ref_losses, ref_params)
+    for r in runs:
+        assert r["zero_init"][f"{layout}-sharded-over"] == (2 if layout == "mics2" else WORLD)
+        assert "zero_param_parallel_group that is not the config's hpZ group" in r["zero_init"]["wrong-group"]

@@ -29,6 +29,7 @@ from torch import nn
 from zerorun.engine.mechanism import quantized_units
 from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, bucket_of, unit_bucket
+from zerorun.engine.mechanism.routes import GatherRoutes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,14 +49,16 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
-def _shards_parameters(config: Source, world_size: int) -> bool:
-    """Whether ``config``'s stage shards parameters (no config: ``Init`` is asked to shard, so it does)."""
+def _sharding(config: Source, world_size: int) -> tuple[bool, int]:
+    """Whether ``config``'s stage shards parameters (no config: ``Init`` is asked to shard, so it does),
+    and its ``mics_shard_size`` (0: over the world)."""
     if config is None:
-        return True
+        return True, 0
     from zerorun.config import load_config
     from zerorun.engine.policy import policy_for_stage
 
-    return policy_for_stage(int(load_config(config, world_size=world_size).zero_optimization.stage)).shard_parameters
+    zero = load_config(config, world_size=world_size).zero_optimization
+    return policy_for_stage(int(zero.stage)).shard_parameters, max(zero.mics_shard_size, 0)
 
 
 class Init:
@@ -69,7 +72,8 @@ class Init:
         self.config = config if config is not None else config_dict_or_path
         self.enabled = enabled
         self.quantized = (zero_quantized_weights, zero_quantized_nontrainable_weights)
-        self.coll: Collectives | None = None
+        self.coll: Collectives | None = None  # the group the parameters are sharded over (MiCS's, or the world)
+        self.world: Collectives | None = None  # rank 0's values are broadcast over it
         self.device: torch.device | None = None
         self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
         self._patched: list[tuple[type, Callable[..., None]]] = []  # each class's own __init__
@@ -84,12 +88,16 @@ class Init:
             return self
         from zerorun.engine.comm.bootstrap import init_distributed
         from zerorun.engine.comm.collectives import Collectives
+        from zerorun.engine.comm.groups import build_groups
 
         ctx = init_distributed()
-        if not _shards_parameters(self.config, ctx.world_size):
+        shards, mics = _sharding(self.config, ctx.world_size)
+        if not shards:
             self.enabled = False
             return self
-        self.coll = Collectives(ctx.group, ctx.world_size, ctx.rank)  # at world 1 too: the backend's policy
+        self.world = Collectives(ctx.group, ctx.world_size, ctx.rank)  # at world 1 too: the backend's policy
+        # MiCS: sharded inside the shard group already, so initialize adopts these buckets as they are
+        self.coll = build_groups(self.world, 1, mics, False).shard if mics else self.world
         self.device = ctx.device  # buckets are built and broadcast where the engine computes
         for cls in _subclasses(nn.Module):
             if "__init__" in cls.__dict__:
@@ -140,11 +148,14 @@ class Init:
         if not params:
             return
         quantized_units.mark(params, *self.quantized)
+        assert self.coll is not None and self.world is not None
         b = unit_bucket(params, self.coll, type(module).__name__, device=self.device)
         b.provisional = True
         b.toucher = self._touch
+        if self.coll is not self.world:  # GatheredParameters(modifier_rank=r) broadcasts from world rank r
+            b.routes = GatherRoutes(world=self.world)
         with torch.no_grad():
-            self.coll.broadcast(b.data, src=0)
+            self.world.broadcast(b.data, src=0)
         b.seal()
         b.release()
 
