@@ -25,8 +25,9 @@ The policies are DeepSpeed 0.19.8's (``docs/zeropp.md``), over the one stage-3 m
   carries int8 values and one fp32 scale per block of :data:`QWZ_BLOCK` elements (the
   engine's quantizer, ``engine/comm/quantize.py``, uses this block).
 
-These figures are what the plain stage-3 collectives would move under each policy (projected
-from the engine's recorded collectives, not run).
+The engine runs hpZ and MiCS over the groups :mod:`zerorun.engine.comm.group_plan` lays out by
+these same rules; ``simulate`` runs it as plain stage 3, so these figures are what its
+collectives would move under each policy.
 """
 
 from __future__ import annotations
