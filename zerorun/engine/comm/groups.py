@@ -67,8 +67,8 @@ def ranks_per_node(env: Mapping[str, str], world: Collectives) -> int:
 def build_groups(world: Collectives, hpz: int, mics: int, hierarchical: bool,
                  env: Mapping[str, str] = os.environ) -> Groups:
     """This rank's :class:`Groups` (every rank calls it: the groups are created collectively)."""
-    if max(hpz, 1) == 1 and mics <= 0 and not hierarchical:
-        return Groups.plain(world)
+    if (max(hpz, 1) == 1 and mics <= 0 and not hierarchical) or world.simulated:
+        return Groups.plain(world)  # a simulated world runs plain stage 3; simulate projects the policies
     try:
         plan = plan_groups(world.world_size, ranks_per_node(env, world), hpz, mics, hierarchical)
     except TopologyError as e:
