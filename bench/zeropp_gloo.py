@@ -115,7 +115,7 @@ def main() -> None:
         groups = ", ".join(f"{g} {i / 2**20:.2f} / {a / 2**20:.2f}" for g, (i, a) in r0["links"].items() if i + a)
         inside = sum(i for i, _ in r0["links"].values()) / 2**20
         across = sum(a for _, a in r0["links"].values()) / 2**20
-        print(f"| {name} | {step:.3f} | {r0['loss']:.6f} | {groups} | {inside:.2f} | {across:.2f} |")
+        print(f"| {name} | {step:.3f} | {r0['loss']:.8f} | {groups} | {inside:.2f} | {across:.2f} |")
 
 
 if __name__ == "__main__":
