@@ -10,13 +10,19 @@ as ``zerorun estimate`` splits them (:class:`zerorun.estimate.topology.Group`).
 
     python bench/zeropp_gloo.py                      # plain, hpZ 2, MiCS 2, MiCS 2 hierarchical
     python bench/zeropp_gloo.py --hidden 256 --layers 8 --steps 10
+    python bench/zeropp_gloo.py --ds-python /path/to/deepspeed/venv/bin/python   # + DeepSpeed's stage 3 and hpZ 2
+
+``--ds-python``: the same job under DeepSpeed (``bench/zeropp_gloo_ds.py`` under its torchrun, hidden
+256, 8 layers only), its stage 3 and hpZ 2 (its 0.19.8 refuses MiCS's keys), after zerorun's rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,9 +98,26 @@ def _rank(rank: int, init_file: str, args: argparse.Namespace, results) -> None:
     dist.destroy_process_group()
 
 
+def deepspeed_rows(python: str) -> list[dict]:
+    """DeepSpeed's stage 3 and hpZ 2 on the same job, each in its own torchrun."""
+    rows = []
+    script = Path(__file__).resolve().parent / "zeropp_gloo_ds.py"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for keys in ({}, {"zero_hpz_partition_size": 2}):
+        out = subprocess.run([python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
+                              "--master_port", "29747", str(script), json.dumps(keys)],
+                             capture_output=True, text=True, env=env, timeout=900)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH_RESULT ")), None)
+        if line is None:
+            raise SystemExit(f"DeepSpeed {keys} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+        rows.append(json.loads(line.split(" ", 1)[1]))
+    return rows
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.set_defaults(hidden=256, layers=8, steps=10, warmup=3, global_batch=64, threads=1)
+    p.add_argument("--ds-python", default=None, help="a python with DeepSpeed: its stage 3 and hpZ 2 rows too")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -116,6 +139,10 @@ def main() -> None:
         inside = sum(i for i, _ in r0["links"].values()) / 2**20
         across = sum(a for _, a in r0["links"].values()) / 2**20
         print(f"| {name} | {step:.3f} | {r0['loss']:.8f} | {groups} | {inside:.2f} | {across:.2f} |")
+    if args.ds_python:
+        for row in deepspeed_rows(args.ds_python):
+            name = "DeepSpeed hpZ 2" if row["keys"] else "DeepSpeed stage 3"
+            print(f"| {name} | {row['step_s']:.3f} | {row['loss']:.8f} | (not counted) | | |")
 
 
 if __name__ == "__main__":
