@@ -151,12 +151,67 @@ def _zero_init(rank: int, world: int) -> dict:
     return out
 
 
+TOY_HIDDEN, TOY_LAYERS, TOY_MICRO, TOY_STEPS = 16, 3, 2, 4
+
+
+def _toy_setup() -> tuple[torch.nn.Module, torch.Tensor]:
+    from examples.train_toy import ToyMLP
+
+    torch.manual_seed(1234)  # the example's own seeding and teacher
+    model = ToyMLP(TOY_HIDDEN, TOY_LAYERS)
+    teacher = torch.randn(TOY_HIDDEN, TOY_HIDDEN, generator=torch.Generator().manual_seed(7)) / TOY_HIDDEN ** 0.5
+    return model, teacher
+
+
+def _toy(rank: int, world: int, keys: dict) -> dict:
+    """The loop of ``examples/train_toy.py`` (its ToyMLP, batches and loss), AdamW from the config."""
+    import torch.nn.functional as F
+
+    import zerorun
+    from examples.train_toy import batch
+
+    model, teacher = _toy_setup()
+    cfg = {"train_micro_batch_size_per_gpu": TOY_MICRO, "gradient_clipping": 0.0, "steps_per_print": 10**6,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                                 "stage3_max_reuse_distance": 0, **keys}}
+    engine, _, _, _ = zerorun.initialize(model=model, config=cfg)
+    losses = []
+    for step in range(TOY_STEPS):
+        x, y = batch(step, rank, world, TOY_MICRO, TOY_HIDDEN, teacher)
+        loss = F.mse_loss(engine(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    with zerorun.zero.GatheredParameters(list(model.parameters())):
+        return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def _toy_reference(world: int) -> tuple[list[float], list[torch.Tensor]]:
+    import torch.nn.functional as F
+
+    from examples.train_toy import batch
+
+    model, teacher = _toy_setup()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    losses = []
+    for step in range(TOY_STEPS):
+        x, y = batch(step, 0, 1, TOY_MICRO * world, TOY_HIDDEN, teacher)  # the global batch: every rank's rows
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
 def _all(rank: int, world: int, root: str) -> dict:
     out: dict = {}
     for name, (per_node, keys) in LAYOUTS.items():
         os.environ["LOCAL_WORLD_SIZE"] = str(per_node)
         out[name] = {case.name: train_case(case, rank, world, config=_config(case, keys)) for case in CASES}
         out[name]["counts"] = _phase_counts(rank, world, keys)
+        out[name]["toy"] = _toy(rank, world, keys)
     os.environ["LOCAL_WORLD_SIZE"] = "2"
     out["checkpoints"] = _checkpoints(rank, world, root)
     out["zero_init"] = _zero_init(rank, world)
@@ -181,6 +236,20 @@ def test_world4_trains_as_one_process(runs: list[dict], layout: str, case: Case)
     assert_matches_reference(case, WORLD, per_rank, STEPS, ref_losses, ref_params)
     for r in per_rank:
         assert r["states_after"] in ([], ["sharded"]), r["states_after"]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_toy_example_loop_trains_as_one_process(runs: list[dict], layout: str) -> None:
+    """examples/train_toy.py's loop at world 4: losses within 1e-5, parameters within 1e-4 of one process."""
+    ref_losses, ref_params = _toy_reference(WORLD)
+    for rank, r in enumerate(runs):
+        toy = r[layout]["toy"]
+        # the step's loss is the mean of the ranks' micro-batch losses (equal micro-batches)
+        losses = [sum(q[layout]["toy"]["losses"][s] for q in runs) / WORLD for s in range(TOY_STEPS)]
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-7)
+        for got, want in zip(toy["params"], ref_params, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=lambda m, rank=rank: f"[rank {rank}] {m}")
+    assert ref_losses[-1] < ref_losses[0]  # it learns: the comparison is not of untouched weights
 
 
 def test_hpz_backward_gathers_over_the_node_pair_only(runs: list[dict]) -> None:
