@@ -65,6 +65,8 @@ def _phase_counts(rank: int, world: int, keys: dict) -> dict:
     marks = [snap()]
     loss = loss_fn(case.model, engine(x[rows]), y[rows])
     marks.append(snap())
+    secondary_after_forward = sum(b.routes.held_bytes() for b in engine.parts.buckets)
+    params_after_forward = engine.memory_breakdown()["params"]
     engine.backward(loss)
     marks.append(snap())
     engine.step()
@@ -75,7 +77,12 @@ def _phase_counts(rank: int, world: int, keys: dict) -> dict:
     buckets = engine.parts.buckets
     return {"phases": phases, "padded": sum(b.plan.padded_numel for b in buckets),
             "shard_numel": sum(b.shard_numel for b in buckets),
-            "secondary_after_step": sum(b.routes.held_bytes() for b in buckets)}
+            "secondary_after_step": sum(b.routes.held_bytes() for b in buckets),
+            "secondary_after_forward": secondary_after_forward, "params_after_forward": params_after_forward,
+            "params_after_step": engine.memory_breakdown()["params"],
+            "total": {k: int(v["elements"]) for k, v in engine.comm_stats().items()},
+            "by_group_total": {k: sum(int(c[k]["elements"]) for c in engine.comm_stats_by_group().values())
+                               for k in engine.comm_stats()}}
 
 
 def _checkpoints(rank: int, world: int, root: str) -> dict:
@@ -262,6 +269,10 @@ def test_hpz_backward_gathers_over_the_node_pair_only(runs: list[dict]) -> None:
         assert bwd["secondary"]["all_gather"] == c["padded"]  # every unit was released after its forward
         assert bwd["world"]["reduce_scatter"] == c["padded"]  # gradients: the world, as plain stage 3
         assert c["secondary_after_step"] == 0  # the step drops the (stale) secondary copies
+        # after forward every unit holds its node-pair chunk (half the padded unit, fp32), counted as parameters
+        assert c["secondary_after_forward"] == c["padded"] // 2 * 4
+        assert c["params_after_forward"] - c["params_after_step"] == c["secondary_after_forward"]
+        assert c["total"] == c["by_group_total"]  # comm_stats() is every group's counts together
 
 
 @pytest.mark.parametrize("layout", ["mics2", "mics2-hier"])
