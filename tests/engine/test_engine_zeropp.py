@@ -330,3 +330,25 @@ def test_zero_init_builds_for_hpz_and_mics(runs: list[dict], layout: str) -> Non
     for r in runs:
         assert r["zero_init"][f"{layout}-sharded-over"] == (2 if layout == "mics2" else WORLD)
         assert "zero_param_parallel_group that is not the config's hpZ group" in r["zero_init"]["wrong-group"]
+
+
+def _under_nccl_policy(rank: int, world: int) -> dict:
+    """The layouts with the NCCL policy on gloo: native all-gathers and reduce-scatters on the subgroups,
+    every asynchronous buffer poisoned until its wait(), every tensor's device checked."""
+    from zerorun.engine.comm.checks import CHECK_ENV
+
+    os.environ[CHECK_ENV] = "native,deferred,device"
+    case = CASES[1]  # accumulation 3 and prefetch: gathers in flight ahead of use
+    out = {}
+    for name, (per_node, keys) in LAYOUTS.items():
+        os.environ["LOCAL_WORLD_SIZE"] = str(per_node)
+        out[name] = train_case(case, rank, world, config=_config(case, keys))
+    return out
+
+
+def test_the_layouts_under_the_nccl_policy_with_deferred_buffers() -> None:
+    case = CASES[1]
+    ref_losses, ref_params = reference(case, WORLD)
+    results = run_distributed(_under_nccl_policy, WORLD, timeout=300)
+    for name in LAYOUTS:
+        assert_matches_reference(case, WORLD, [r[name] for r in results], STEPS, ref_losses, ref_params)

@@ -107,9 +107,10 @@ class Collectives:
     """Counted collectives over one process group (``group=None`` with world size 1: no-ops)."""
 
     def __init__(self, group: dist.ProcessGroup | None, world_size: int, rank: int, *,
-                 live_at_one: bool = False) -> None:
+                 live_at_one: bool = False, order_check: bool = True) -> None:
         """``live_at_one``: issue the collectives even at world size 1 (the one-GPU check: NCCL's
-        kernels then run, where the engine would skip them)."""
+        kernels then run, where the engine would skip them). ``order_check``: False for a subgroup
+        (hpZ, MiCS): the check's gloo twin would be a ``new_group`` only the subgroup's ranks call."""
         self.group = group
         self.world_size = world_size
         self.rank = rank
@@ -129,7 +130,7 @@ class Collectives:
         self.simulated = backend == "fake"
         self.lane: SharedLane | None = None
         self.order: OrderCheck | None = None  # ZERORUN_CHECK_COLLECTIVES=order (comm.order_check)
-        if "order" in self.checks and group is not None and world_size > 1 and not self.simulated:
+        if "order" in self.checks and order_check and group is not None and world_size > 1 and not self.simulated:
             self.order = order_check_for(group, rank, world_size, "cpu" in group_backends(group))
         if not self.native_reduce_scatter:
             self.counter.via["reduce_scatter"] = "point-to-point chunk exchange (gloo has no native reduce-scatter)"

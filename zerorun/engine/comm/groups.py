@@ -81,6 +81,7 @@ def _create(plan: GroupPlan, world: Collectives) -> dict[str, Collectives]:
     for kind, ranks in plan.creation_order():  # torch's new_group: every rank, every group, one order
         group = dist.new_group(list(ranks)) if world.group is not None else None
         if world.rank in ranks:
-            mine[kind] = Collectives(group, len(ranks), ranks.index(world.rank))
+            # the order check watches the world's collectives (its twin group would need every rank here)
+            mine[kind] = Collectives(group, len(ranks), ranks.index(world.rank), order_check=False)
     mine.setdefault("shard", world)
     return mine

@@ -11,8 +11,9 @@
 * **MiCS hierarchical** (``mics_hierarchical_params_gather``, DeepSpeed's
   ``_hierarchical_all_gather_params``): the shard group spans ``n`` nodes of ``g`` ranks, the
   buffer is ``[n][g]`` chunks. First this rank's chunk is all-gathered with the ranks at the
-  same place on the other nodes (``inter``: one chunk per node crosses the network), then each
-  node's row of ``g`` chunks is all-gathered inside the node (``intra``).
+  same place on the other nodes (``inter``: one chunk per node crosses the network), then the
+  columns of the node's ``g`` places are all-gathered inside the node (``intra``) and laid out as
+  the buffer's ``[node][place]``.
 """
 
 from __future__ import annotations
@@ -23,20 +24,6 @@ import torch
 
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.comm.work import Pending
-
-
-class _AllOf:
-    """Several collectives waited for as one."""
-
-    def __init__(self, pending: list[Pending]) -> None:
-        self.pending = pending
-
-    def is_completed(self) -> bool:
-        return all(p.ready() for p in self.pending)
-
-    def wait(self) -> None:
-        for p in self.pending:
-            p.wait()
 
 
 @dataclass
@@ -73,9 +60,12 @@ class GatherRoutes:
         column = full.new_empty(n * chunks.shape[2])  # this place's chunk of every node, contiguous
         inter.shard_of(column).copy_(chunks[inter.rank, intra.rank])
         inter.all_gather(column, label=label)  # blocking: the second hop sends what it brought
-        chunks[:, intra.rank].copy_(column.view(n, -1))
-        rows = full.view(n, -1)
-        return Pending(_AllOf([intra.all_gather(rows[j], async_op=True, label=label) for j in range(n)]))
+        # second hop: every place's column from the node's ranks, into a buffer laid out [place][node],
+        # then transposed into the unit's [node][place] (one collective, which the caller may overlap)
+        places = full.new_empty(full.numel())
+        intra.shard_of(places).copy_(column)
+        pending = intra.all_gather(places, async_op=True, label=label)
+        return pending.then(lambda: chunks.copy_(places.view(g, n, -1).transpose(0, 1)))
 
     def held_bytes(self) -> int:
         return 0 if self.copy is None else self.copy.numel() * self.copy.element_size()
