@@ -43,10 +43,12 @@ class Case:
     qgz: bool = True
     frozen: bool = False  # block 1 frozen, its shards resting as int8 (zero_quantized_nontrainable_weights)
     init_qwz: bool = False  # qwZ asked by zero.Init's argument, not by the config
+    hpz: int = 1  # zero_hpz_partition_size: backward gathers (unquantized) from a secondary copy over pairs
 
     def config(self) -> dict:
         zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "zero_quantized_weights": self.qwz,
-                "zero_quantized_gradients": self.qgz, "zero_quantized_nontrainable_weights": self.frozen}
+                "zero_quantized_gradients": self.qgz, "zero_quantized_nontrainable_weights": self.frozen,
+                "zero_hpz_partition_size": self.hpz}
         opt = {"type": self.optimizer, "params": {"lr": LR, "weight_decay": 0.01} if self.optimizer == "AdamW" else {"lr": 5e-2,
                                                                                                "momentum": 0.9}}
         cfg = {"train_micro_batch_size_per_gpu": MICRO, "steps_per_print": 10**6, "optimizer": opt,
@@ -57,7 +59,8 @@ class Case:
 
 
 CASES = [Case("plain-fp32", qwz=False, qgz=False), Case("qwz-qgz-fp32"), Case("qwz-qgz-bf16", dtype="bf16"),
-         Case("qwz-qgz-sgd", optimizer="SGD"), Case("frozen-int8-init-qwz", qwz=False, frozen=True, init_qwz=True)]
+         Case("qwz-qgz-sgd", optimizer="SGD"), Case("frozen-int8-init-qwz", qwz=False, frozen=True, init_qwz=True),
+         Case("hpz2-qwz-qgz-bf16", dtype="bf16", hpz=2)]  # the ranks share one host: the pairs are node-local
 
 
 def _model(case: Case) -> ToyMLP:
