@@ -1,6 +1,6 @@
 """Which ranks form which process group under hpZ and MiCS: pure arithmetic, no torch.
 
-DeepSpeed 0.19.8's layouts (``runtime/zero/mics_utils.py``, ``utils/groups.py``), on ranks
+DeepSpeed's layouts (0.19.6's ``runtime/zero/mics_utils.py``, 0.19.8's ``utils/groups.py``), on ranks
 placed node by node (rank ``r`` on node ``r // per_node``, as the launcher places them):
 
 * **shard** groups (MiCS ``mics_shard_size`` = m): blocks of m consecutive ranks; parameters,
