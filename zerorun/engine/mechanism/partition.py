@@ -154,7 +154,7 @@ class PartitionedBucket(FlatBucket):
         full.untyped_storage().resize_(full.numel() * full.element_size())
         self.data = full
         if self.routes.secondary_held():  # hpZ: from the node's secondary copy, not the primary shards
-            self._pending = self.routes.gather_secondary(full, self.name)
+            self._pending = self.routes.gather_secondary(full, self.name, quantized)
             return
         if self.resting is not None:
             self._pending = quantized_all_gather(self.coll, full, label=self.name, packed=self.resting)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.comm.quantized import quantized_all_gather
 from zerorun.engine.comm.work import Pending
 
 
@@ -46,9 +47,13 @@ class GatherRoutes:
     def drop_secondary(self) -> None:
         self.copy = None
 
-    def gather_secondary(self, full: torch.Tensor, label: str) -> Pending:
+    def gather_secondary(self, full: torch.Tensor, label: str, quantized: bool = False) -> Pending:
+        """``quantized`` (qwZ): int8 blocks over the node's group too, as DeepSpeed quantizes its
+        secondary partition's gathers."""
         assert self.secondary is not None and self.copy is not None
         self.secondary.shard_of(full).copy_(self.copy)
+        if quantized:
+            return quantized_all_gather(self.secondary, full, label=label)
         return self.secondary.all_gather(full, async_op=True, label=label)
 
     def gather_hierarchical(self, full: torch.Tensor, label: str) -> Pending:
