@@ -1,6 +1,6 @@
 """What DeepSpeed 0.19.8 keeps in which dtype with bf16 masters, measured on its CPU build, one process.
 
-    DS_ACCELERATOR=cpu /work/venv-peers/bin/python bench/ds_bf16_semantics.py [--json out.json]
+    DS_ACCELERATOR=cpu $DS_VENV/bin/python bench/ds_bf16_semantics.py [--json out.json]
 
 Per ZeRO stage 1-3, with ``bf16.enabled`` + ``bf16_master_weights_and_grads`` + ``bf16_optimizer_states``
 (and ``torch_autocast`` in bf16, as DeepSpeedExamples' ``bf16_full.json``), two micro-steps of

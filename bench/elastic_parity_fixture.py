@@ -7,7 +7,7 @@ rest of DeepSpeed stubbed (a version string and a logger), and writes every answ
 ``tests/fixtures/elastic_parity.json``. Run once, with an interpreter that has numpy and
 packaging (DeepSpeed's own environment):
 
-    /work/venv-peers/bin/python bench/elastic_parity_fixture.py --git-dir PATH/TO/DeepSpeed/.git --rev HEAD
+    $DS_VENV/bin/python bench/elastic_parity_fixture.py --git-dir PATH/TO/DeepSpeed/.git --rev HEAD
 
 With DeepSpeed installed in that interpreter, the fixture also records what the installed
 release does with an ``elasticity`` block (``installed``): DeepSpeed 0.19.8 has removed the

@@ -2,7 +2,7 @@
 
     python bench/memory.py                                   # world 2, issue 19's 101.7M-parameter MLP
     python bench/memory.py --small --world 4                 # a quick check
-    python bench/memory.py --ds-python /work/venv-peers/bin/python --json memory.json
+    python bench/memory.py --ds-python $DS_VENV/bin/python --json memory.json
     python bench/memory.py --world 4 --estimate                # `zerorun estimate --measure`, stages 0-3
 
 Every system trains the same model (bench/common.py's residual MLP; by default hidden 1024,
