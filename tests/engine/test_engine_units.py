@@ -59,20 +59,30 @@ def test_static_scale_never_changes() -> None:
     assert s.scale == 128.0
 
 
+def _lrs_at(sched: Scheduler, steps: tuple[int, ...]) -> list[float]:
+    out = []
+    for s in steps:
+        sched.step(s)
+        out.append(sched.get_lr()[0])
+    return out
+
+
 def test_schedules_follow_deepspeed_formulas() -> None:
-    w = WarmupLR(warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=10, warmup_type="linear")
-    assert [w.lr(s, 0.5) for s in (0, 5, 10, 50)] == [0.0, 0.5, 1.0, 1.0]
-    log = WarmupLR(warmup_max_lr=1.0, warmup_num_steps=10)
-    assert log.lr(0, 0) == 0.0 and log.lr(9, 0) == pytest.approx(1.0)
-    assert log.lr(3, 0) == pytest.approx(math.log(4) / math.log(10))
-    d = WarmupDecayLR(total_num_steps=20, warmup_max_lr=1.0, warmup_num_steps=10, warmup_type="linear")
-    assert [d.lr(s, 0) for s in (10, 15, 20, 30)] == [1.0, 0.5, 0.0, 0.0]
-    c = WarmupCosineLR(total_num_steps=20, warmup_num_steps=10, cos_min_ratio=0.0, warmup_type="linear")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    w = WarmupLR(opt, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=10, warmup_type="linear")
+    assert w.get_lr() == [0.0]  # before the first scheduler step (counter -1): DeepSpeed's "not started" value
+    assert _lrs_at(w, (0, 5, 10, 50)) == [0.0, 0.5, 1.0, 1.0]
+    log = WarmupLR(opt, warmup_max_lr=1.0, warmup_num_steps=10)
+    assert _lrs_at(log, (0, 9)) == [0.0, pytest.approx(1.0)]
+    assert _lrs_at(log, (3,)) == [pytest.approx(math.log(4) / math.log(10))]
+    d = WarmupDecayLR(opt, total_num_steps=20, warmup_max_lr=1.0, warmup_num_steps=10, warmup_type="linear")
+    assert _lrs_at(d, (10, 15, 20, 30)) == [1.0, 0.5, 0.0, 0.0]
+    opt.param_groups[0]["lr"] = 2.0
+    c = WarmupCosineLR(opt, total_num_steps=20, warmup_num_steps=10, cos_min_ratio=0.0, warmup_type="linear")
+    assert c.get_lr() == [0.0]
     # DeepSpeed's cosine counts the first post-warm-up step as progress 1/(total - warmup)
-    assert c.lr(9, 2.0) == pytest.approx(1.8) and c.lr(14, 2.0) == pytest.approx(1.0)
-    assert c.lr(19, 2.0) == pytest.approx(0.0, abs=1e-12) and c.lr(40, 2.0) == pytest.approx(0.0, abs=1e-12)
-    # before the first scheduler step (counter -1): DeepSpeed's "not started" values
-    assert (w.lr(-1, 0.5), c.lr(-1, 2.0)) == (0.0, 0.0)
+    assert _lrs_at(c, (9, 14)) == [pytest.approx(1.8), pytest.approx(1.0)]
+    assert _lrs_at(c, (19, 40)) == [pytest.approx(0.0, abs=1e-12), pytest.approx(0.0, abs=1e-12)]
 
 
 def test_scheduler_sets_lr_on_every_group_and_steps() -> None:

@@ -60,8 +60,8 @@ def _bucket_payload(ds: DeepSpeedState, entry: BucketEntry) -> dict[str, Any]:
 
 def _scheduler_state(saved: dict[str, Any] | None,
                      scheduler: LRSchedulerLike | None) -> dict[str, Any] | None:
-    """DeepSpeed's schedulers save only ``last_batch_iteration``; the rest (zerorun's ``base_lrs``) is the
-    loading engine's own, which comes from the same configuration."""
+    """DeepSpeed's schedulers save only ``last_batch_iteration`` (zerorun's too); anything else a scheduler's own
+    state holds is the loading engine's, which comes from the same configuration."""
     if saved is None or scheduler is None or not hasattr(scheduler, "state_dict"):
         return saved
     return {**scheduler.state_dict(), **saved}
