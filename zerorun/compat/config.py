@@ -12,6 +12,7 @@ from typing import Any
 
 from zerorun.compat.config_keys import get_gradient_clipping
 from zerorun.config import load_config
+from zerorun.config.problems import ConfigError
 from zerorun.config.read import read_source
 
 
@@ -19,6 +20,10 @@ def _world_size() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+DeepSpeedConfigError = ConfigError
+"""DeepSpeed's config error is zerorun's: every problem of a config, each naming its key and the fix."""
 
 
 class DeepSpeedConfig:
@@ -40,6 +45,7 @@ class DeepSpeedConfig:
         self.gradient_clipping = cfg.gradient_clipping
         self.prescale_gradients = cfg.prescale_gradients
         self.gradient_predivide_factor = cfg.gradient_predivide_factor
+        self.gradient_allreduce_op = cfg.gradient_allreduce_op
         self.wall_clock_breakdown = cfg.wall_clock_breakdown
         self.zero_config = cfg.zero_optimization
         self.zero_optimization_stage = int(cfg.zero_optimization.stage)
@@ -65,6 +71,6 @@ LION_OPTIMIZER, MUON_OPTIMIZER = "lion", "muon"
 DEEPSPEED_OPTIMIZERS = [ADAGRAD_OPTIMIZER, ADAM_OPTIMIZER, ADAMW_OPTIMIZER, LAMB_OPTIMIZER, MUADAM_OPTIMIZER,
                         MUADAMW_OPTIMIZER, MUSGD_OPTIMIZER, LION_OPTIMIZER, MUON_OPTIMIZER]
 
-__all__ = ["get_gradient_clipping", "ADAGRAD_OPTIMIZER", "ADAMW_OPTIMIZER", "ADAM_OPTIMIZER", "DEEPSPEED_OPTIMIZERS", "DeepSpeedConfig",
+__all__ = ["get_gradient_clipping", "DeepSpeedConfigError", "ADAGRAD_OPTIMIZER", "ADAMW_OPTIMIZER", "ADAM_OPTIMIZER", "DEEPSPEED_OPTIMIZERS", "DeepSpeedConfig",
            "LAMB_OPTIMIZER", "LION_OPTIMIZER", "MUADAMW_OPTIMIZER", "MUADAM_OPTIMIZER", "MUON_OPTIMIZER",
            "MUSGD_OPTIMIZER"]

@@ -76,7 +76,6 @@ FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 MODULE_ONLY = {"pipeline": "deepspeed.pipe", "sparse_attention": "DeepSpeed's sparse attention modules"}
 
 EXACT: dict[str, tuple[Any, str]] = {
-    "gradient_allreduce_op": ("mean", "gradients are averaged over ranks"),
     "managed_gradient_accumulation": (True, "the engine counts micro-steps to find the accumulation boundary"),
 }
 
@@ -98,9 +97,23 @@ def _data_types_problem(value: Any) -> Problem | None:
                                                 "dtypes its precision block implies; remove data_types")
 
 
+def _sum_conflicts(data: dict[str, Any]) -> list[Problem]:
+    """``gradient_allreduce_op: sum`` with ZenFlow or DeepCompile, in DeepSpeed's words (it refuses both pairs;
+    zerorun refuses the two features themselves too, below)."""
+    op, zero, compiled = data.get("gradient_allreduce_op"), data.get("zero_optimization"), data.get("compile")
+    if not (isinstance(op, str) and op.lower() == "sum"):
+        return []
+    problems = []
+    if isinstance(zero, dict) and zero.get("zenflow") is not None:
+        problems.append(Problem("gradient_allreduce_op", "'sum' is not supported with ZenFlow"))
+    if FEATURES["compile"][1](compiled):
+        problems.append(Problem("gradient_allreduce_op", "'sum' is not supported with DeepCompile"))
+    return problems
+
+
 def strip_compat(data: dict[str, Any]) -> list[Problem]:
     """Remove DeepSpeed-only keys from ``data`` (a copy the caller owns); report them."""
-    problems = []
+    problems = _sum_conflicts(data)
     for key in IGNORED:
         if key in data:
             del data[key]

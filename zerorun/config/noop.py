@@ -40,7 +40,6 @@ NO_EFFECT: dict[str, str] = {
     "activation_checkpointing.synchronize_checkpoint_boundary": "checkpoint boundaries do not synchronise",
     "activation_checkpointing.profile": "checkpointed regions are not timed",
     "flops_profiler.enabled": "there is no flops profiler; engine figures report throughput",
-    "checkpoint.tag_validation": "every rank saves under the tag it is given",
     "checkpoint.load_universal": "checkpoints always load at any world size",
     "checkpoint.use_node_local_storage": "checkpoints are written to the given directory",
     "checkpoint.parallel_write.pipeline_stage": "there is no pipeline",

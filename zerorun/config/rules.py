@@ -136,6 +136,14 @@ def torch_autocast_rules(cfg: ZerorunConfig, given: frozenset[str]) -> list[Prob
     return problems
 
 
+def sum_below_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """DeepSpeed refuses ``gradient_allreduce_op: sum`` at stage 3; so does zerorun (its message, which scripts match)."""
+    if cfg.gradient_allreduce_op == "sum" and cfg.zero_optimization.stage == 3:
+        return [Problem("gradient_allreduce_op", "'sum' is not supported with ZeRO stage 3 (DeepSpeed refuses it too): "
+                                                 "use mean, the default, or stage 0-2")]
+    return []
+
+
 def stage3_keys_below_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
     zero = cfg.zero_optimization
     if zero.stage == 3:
@@ -173,6 +181,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     (("torch_autocast", "fp16.enabled", "bf16.enabled"), torch_autocast_rules),
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
     ((f"{ZERO}.zero_hpz_partition_size", f"{ZERO}.mics_shard_size"), zeropp_groups),
+    (("gradient_allreduce_op", f"{ZERO}.stage"), sum_below_stage3),
     ((), keys_without_effect),
 )
 

@@ -25,9 +25,11 @@ from zerorun.config.schema_blocks import (
     TorchAutocastConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever
+from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, word_choice
 
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_choice("fp32", "fp16", "bf16"))]
+AllreduceOp = Annotated[Literal["mean", "sum"],
+                        BeforeValidator(word_choice("mean", "sum", invalid="Invalid gradient_allreduce_op: "))]
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -99,6 +101,10 @@ class ZerorunConfig(Block):
     )
     gradient_predivide_factor: PosFloat = Field(
         1.0, description="Divide gradients by this before reducing and by world_size/factor after."
+    )
+    gradient_allreduce_op: AllreduceOp = Field(
+        "mean", description="How ranks' gradients combine: mean (averaged over the world) or sum (added: no "
+                            "division by the world size nor by gradient_predivide_factor; not with ZeRO stage 3)."
     )
     zero_allow_untested_optimizer: Bool = Field(
         False, description="Allow a client optimizer that zerorun has not been tested with under ZeRO."

@@ -20,9 +20,9 @@ from zerorun.config.values import (
     PosFloat,
     PosInt,
     Str,
-    choice,
     fail,
     show,
+    word_choice,
 )
 
 OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "RMSprop")
@@ -196,7 +196,9 @@ class FlopsProfilerConfig(Block):
 
 
 TagValidation = Annotated[
-    Literal["Ignore", "Warn", "Fail"], BeforeValidator(choice("Ignore", "Warn", "Fail"))
+    Literal["Ignore", "Warn", "Fail"],
+    BeforeValidator(word_choice("Ignore", "Warn", "Fail", invalid="Checkpoint config contains invalid tag_validation "
+                                                                  "value: ")),
 ]
 
 
@@ -211,7 +213,10 @@ class ParallelWriteConfig(Block):
 class CheckpointConfig(Block):
     """Checkpoint behaviour."""
 
-    tag_validation: TagValidation = Field("Warn", description="Check that all ranks save under the same tag.")
+    tag_validation: TagValidation = Field(
+        "Warn", description="Ranks saving under different tags: Fail raises on every rank; Warn warns and saves "
+                            "under rank 0's tag (the checkpoint stays complete); Ignore saves under rank 0's tag."
+    )
     load_universal: Bool = Field(False, description="Load a universal (world-size independent) checkpoint.")
     use_node_local_storage: Bool = Field(False, description="Each node writes to its own local storage.")
     parallel_write: ParallelWriteConfig = Field(

@@ -113,6 +113,20 @@ def choice(*allowed: Any) -> Any:
     return check
 
 
+def word_choice(*allowed: str, invalid: str = "") -> Any:
+    """A validator for one of the words ``allowed``, in any letter case (DeepSpeed reads these so), given back
+    as spelled in ``allowed``; ``invalid`` starts the message (DeepSpeed's own words, which scripts match)."""
+
+    def check(value: Any) -> Any:
+        for option in allowed:
+            if isinstance(value, str) and value.lower() == option.lower():
+                return option
+        listed = ", ".join(allowed)
+        raise fail(f"{invalid}{show(value)} is not one of {listed} (any letter case)")
+
+    return check
+
+
 Int = Annotated[int, BeforeValidator(to_int)]
 NonNegInt = Annotated[int, BeforeValidator(_at_least(0, to_int))]
 PosInt = Annotated[int, BeforeValidator(_at_least(1, to_int))]

@@ -242,7 +242,8 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     reduce = ReducePolicy(comm_dtype=precision.comm_dtype,
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
                           overlap_comm=bool(zero.overlap_comm), accum_dtype=precision.master_dtype,
-                          quantized=bool(zero.zero_quantized_gradients) and stage.shard_parameters)
+                          quantized=bool(zero.zero_quantized_gradients) and stage.shard_parameters,
+                          average=cfg.gradient_allreduce_op == "mean")
     offload = offload_from_config(zero)
     param_offload = param_policy(zero)  # offload_param: stage 3 only
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,

@@ -90,6 +90,8 @@ class ReducePolicy:
 
     comm_dtype: torch.dtype | None  # None: the gradients' own dtype
     predivide: float = 1.0
+    # gradient_allreduce_op: mean (divide by the world size) or sum (DeepSpeed's plain sum: no predivide either)
+    average: bool = True
     overlap_comm: bool = True
     # stage 2: elements of staging buffers the backward may hold at once (filling or in flight).
     # None: one bucket, two with overlap_comm.
@@ -129,8 +131,8 @@ class GradSyncBase:
         self.armed = False  # a backward pass is in progress
         self.unscaled_passes = 0  # plain loss.backward() passes since the last zero()
         self.boundary: Callable[[], bool] = lambda: True  # the engine's "is this the boundary micro-step?"
-        self.pre = 1.0 / policy.predivide
-        self.post = policy.predivide / coll.world_size
+        self.pre = 1.0 / policy.predivide if policy.average else 1.0
+        self.post = policy.predivide / coll.world_size if policy.average else 1.0
 
     def prepare_backward(self, sync: bool) -> None:
         """Arm a pass that the caller finishes itself with :meth:`finish_backward` (``engine.backward``)."""
