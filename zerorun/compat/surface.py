@@ -13,7 +13,7 @@ from zerorun import zero
 from zerorun.compat import DEEPSPEED_VERSION
 from zerorun.compat.accelerator import get_accelerator
 from zerorun.compat.comm import init_distributed
-from zerorun.compat.config import DeepSpeedConfig
+from zerorun.compat.config import DeepSpeedConfig, DeepSpeedConfigError
 from zerorun.engine import api
 from zerorun.engine.api import add_config_arguments
 from zerorun.engine.engine import Engine as DeepSpeedEngine
@@ -88,7 +88,7 @@ def add_tuning_arguments(parser: Any) -> Any:
     unsupported("autotuning flags (deepspeed.add_tuning_arguments)", "use `zerorun autotune SCRIPT --config FILE`")
 
 
-__all__ = ["DeepSpeedConfig", "DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
+__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError", "DeepSpeedEngine", "DeepSpeedHybridEngine", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer",
            "InferenceEngine", "OnDevice", "PipelineEngine", "PipelineModule", "__version__",
            "add_config_arguments", "add_tuning_arguments", "get_accelerator", "init_distributed", "init_inference",
            "initialize", "replace_transformer_layer", "revert_transformer_layer", "tp_model_init", "zero"]

@@ -7,3 +7,7 @@ from zerorun.engine.errors import EngineError
 
 class CheckpointError(EngineError):
     """A checkpoint that cannot be saved, found or loaded into this model."""
+
+
+class CheckpointArgumentError(CheckpointError, ValueError):
+    """A bad argument to ``save_checkpoint``/``load_checkpoint`` (DeepSpeed raises ``ValueError``)."""

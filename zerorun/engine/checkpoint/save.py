@@ -31,8 +31,9 @@ import torch
 
 from zerorun import __version__
 from zerorun.engine.checkpoint import atomic, layout, state, zero_to_fp32
-from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.engine.checkpoint.errors import CheckpointArgumentError, CheckpointError
 from zerorun.engine.checkpoint.manifest import EXTRA, LATEST, MANIFEST, Manifest, client_file, rank_file
+from zerorun.engine.checkpoint.tag_check import agreed_tag
 from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
@@ -137,10 +138,14 @@ def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
 def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str | None = None,
                     client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
     """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it."""
+    if not save_dir:
+        raise CheckpointArgumentError(f"save_dir must be a non-empty string, got {save_dir!r}",
+                                      "pass the directory that holds the checkpoints, e.g. 'checkpoints'")
     root = Path(save_dir)
-    tag = check_tag(str(tag) if tag is not None else f"global_step{engine.global_steps}")
-    staging = staging_dir(root, tag)
     rank = engine.ctx.rank
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    tag = check_tag(agreed_tag(engine.coll, rank, tag, engine.config.checkpoint.tag_validation))
+    staging = staging_dir(root, tag)
 
     def prepare() -> None:
         root.mkdir(parents=True, exist_ok=True)
