@@ -148,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             zr.update(outcomes(work / f"zr{i}.xml"))
             print(f"{f}: {sum(o == 'passed' for n, (o, _) in ds.items() if in_file(n, f))} on DeepSpeed, "
                   f"{sum(o == 'passed' for n, (o, _) in zr.items() if in_file(n, f))} on zerorun", file=sys.stderr)
-        rows = table(ds, zr, ns.files)
+            rows = table(ds, zr, ns.files[:i + 1])
+            if ns.json:  # after every file: a run cut short keeps the files it finished
+                ns.json.write_text(json.dumps({"commit": commit, "rows": rows}, indent=2))
     print(markdown(rows, commit))
-    if ns.json:
-        ns.json.write_text(json.dumps({"commit": commit, "rows": rows}, indent=2))
     return 0
 
 
