@@ -46,3 +46,26 @@ def test_config_block_builds_the_same_schedule(case: tuple) -> None:
         warnings.simplefilter("ignore")
         got = trace(config_path, case)
     assert got["lr"] == RECORDED["cases"][case[0]]["lr"]
+
+
+@pytest.mark.parametrize("name", ["onecycle-decay", "cosine-linear", "range-staircase"])
+def test_engine_steps_the_config_schedule_as_deepspeed_does(name: str) -> None:
+    """Through ``initialize`` and ``engine.step()``: the lr (and OneCycle's betas) each optimizer step runs with
+    are DeepSpeed's recorded values, step by step."""
+    import torch
+
+    import zerorun
+
+    _, schedule, params, kind, _ = next(c for c in CASES if c[0] == name)
+    assert kind == "adamw"
+    model = torch.nn.Linear(3, 1)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.05}},
+           "scheduler": {"type": schedule, "params": params}}
+    engine, opt, _, _ = zerorun.initialize(model=model, config=cfg)
+    expected = RECORDED["cases"][name]
+    for step in range(12):
+        group = opt.param_groups[0]
+        assert [group["lr"]] == expected["lr"][step], f"lr of optimizer step {step}"
+        assert [list(group["betas"])] == expected["betas"][step], f"betas of optimizer step {step}"
+        engine.backward(engine(torch.ones(2, 3)).sum())
+        engine.step()
