@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
-from zerorun.engine.training.scheduler_core import ScheduleError, Scheduler, per_group, write_lrs
+from zerorun.engine.training.scheduler_core import PerGroup, ScheduleError, Scheduler, per_group, write_lrs
 
 BETA2 = 0.99  # DeepSpeed's OneCycle pins Adam's beta2 here while it cycles beta1
 
 
 class OneCycle(Scheduler):
-    def __init__(self, optimizer: Any, cycle_min_lr: Any, cycle_max_lr: Any, decay_lr_rate: float = 0.0,
+    def __init__(self, optimizer: object, cycle_min_lr: PerGroup, cycle_max_lr: PerGroup, decay_lr_rate: float = 0.0,
                  cycle_first_step_size: float = 2000, cycle_second_step_size: float | None = None,
                  cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None,
-                 decay_step_size: float = 0, cycle_momentum: bool = True, cycle_min_mom: Any = 0.8,
-                 cycle_max_mom: Any = 0.9, decay_mom_rate: float = 0.0, last_batch_iteration: int = -1) -> None:
+                 decay_step_size: float = 0, cycle_momentum: bool = True, cycle_min_mom: PerGroup = 0.8,
+                 cycle_max_mom: PerGroup = 0.9, decay_mom_rate: float = 0.0, last_batch_iteration: int = -1) -> None:
         super().__init__(optimizer, last_batch_iteration)
         self._shape(cycle_first_step_size, cycle_second_step_size, cycle_first_stair_count,
                     cycle_second_stair_count, decay_step_size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -22,12 +22,17 @@ from zerorun.engine.errors import EngineError
 
 LOG, LINEAR = "log", "linear"
 
+Value: TypeAlias = float | torch.Tensor
+"""A learning rate or momentum: a number, or a one-element tensor (a captured optimizer's lr)."""
+PerGroup: TypeAlias = Value | Sequence[Value]
+"""One value for every parameter group, or one per group (DeepSpeed's schedules take both)."""
+
 
 class ScheduleError(EngineError, ValueError):
     """A schedule parameter DeepSpeed rejects too (it raises ``ValueError``, so this is one)."""
 
 
-def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+def torch_optimizer(optimizer: object) -> torch.optim.Optimizer:
     """The ``torch.optim.Optimizer`` to schedule: ``optimizer`` itself, or the one a wrapper holds as ``.optimizer``."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
@@ -37,12 +42,12 @@ def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     raise TypeError(f"{type(optimizer).__name__} is not a subclass of torch.optim.Optimizer")
 
 
-def as_number(value: Any) -> Any:
+def as_number(value: Value) -> float:
     """A one-element tensor as a Python float (an lr may be a tensor); anything else unchanged."""
-    return float(value) if torch.is_tensor(value) else value
+    return float(value) if torch.is_tensor(value) else value  # type: ignore[return-value]
 
 
-def per_group(optimizer: torch.optim.Optimizer, value: Any, name: str) -> list[Any]:
+def per_group(optimizer: torch.optim.Optimizer, value: PerGroup, name: str) -> list[float]:
     """One value per parameter group: a scalar for every group, or a list/tuple with one entry per group."""
     groups = len(optimizer.param_groups)
     if isinstance(value, (list, tuple)):
@@ -53,7 +58,7 @@ def per_group(optimizer: torch.optim.Optimizer, value: Any, name: str) -> list[A
     return [as_number(value)] * groups
 
 
-def check_positive_int(value: Any, name: str) -> None:
+def check_positive_int(value: object, name: str) -> None:
     """DeepSpeed's check on a step count: a positive ``int`` (``None``, 0, negatives and floats are refused)."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ScheduleError(f"{name} must be a positive integer, got {value}",
@@ -76,7 +81,7 @@ def warmup_fraction(step: int, steps: int, warmup_type: str) -> float:
     return step / steps
 
 
-def write_lrs(optimizer: torch.optim.Optimizer, lrs: Sequence[Any]) -> list[Any]:
+def write_lrs(optimizer: torch.optim.Optimizer, lrs: Sequence[Value]) -> list[Value]:
     """Each group's lr set to its value (a tensor lr filled in place); the groups' lrs as they now are."""
     for group, lr in zip(optimizer.param_groups, lrs, strict=False):
         if torch.is_tensor(group["lr"]):
@@ -89,10 +94,10 @@ def write_lrs(optimizer: torch.optim.Optimizer, lrs: Sequence[Any]) -> list[Any]
 class Scheduler:
     """The stateful part of a schedule; a subclass gives ``get_lr()`` (and may cycle ``betas``)."""
 
-    def __init__(self, optimizer: Any, last_batch_iteration: int = -1) -> None:
+    def __init__(self, optimizer: object, last_batch_iteration: int = -1) -> None:
         self.optimizer = torch_optimizer(optimizer)
         self.last_batch_iteration = last_batch_iteration
-        self._last_lr: list[Any] | None = None
+        self._last_lr: list[Value] | None = None
 
     def _start(self) -> None:
         """Write the starting values, for a scheduler that starts rather than resumes."""
@@ -111,12 +116,12 @@ class Scheduler:
                                      else last_batch_iteration)
         self._apply()
 
-    def get_last_lr(self) -> list[Any]:
+    def get_last_lr(self) -> list[Value]:
         """The lrs last written into the optimizer."""
         assert self._last_lr is not None, "need to call step() first"
         return self._last_lr
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, int]:
         return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from zerorun.engine.errors import EngineError
 from zerorun.engine.training.one_cycle import OneCycle
 from zerorun.engine.training.scheduler_core import (
     LOG,
+    PerGroup,
     ScheduleError,
     Scheduler,
     as_number,
@@ -51,7 +52,7 @@ class WarmupLR(Scheduler):
     """From ``warmup_min_lr`` up to ``warmup_max_lr`` (default: each group's own lr) over ``warmup_num_steps``,
     log or linear, then flat. Both bounds are per group."""
 
-    def __init__(self, optimizer: Any, warmup_min_lr: Any = 0.0, warmup_max_lr: Any = None,
+    def __init__(self, optimizer: object, warmup_min_lr: PerGroup = 0.0, warmup_max_lr: PerGroup | None = None,
                  warmup_num_steps: int = 1000, warmup_type: str = LOG, last_batch_iteration: int = -1) -> None:
         check_positive_int(warmup_num_steps, "warmup_num_steps")
         super().__init__(optimizer, last_batch_iteration)
@@ -82,7 +83,7 @@ class WarmupLR(Scheduler):
 class WarmupDecayLR(WarmupLR):
     """WarmupLR, then a linear decay to 0 at ``total_num_steps``."""
 
-    def __init__(self, optimizer: Any, total_num_steps: int = 1000, warmup_min_lr: Any = 0.0, warmup_max_lr: Any = 0.001,
+    def __init__(self, optimizer: object, total_num_steps: int = 1000, warmup_min_lr: PerGroup = 0.0, warmup_max_lr: PerGroup = 0.001,
                  warmup_num_steps: int = 1000, warmup_type: str = LOG, last_batch_iteration: int = -1) -> None:
         self.total_num_steps = total_num_steps
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type,
@@ -100,7 +101,7 @@ class WarmupCosineLR(Scheduler):
     """Each group's own lr times a ratio: from ``warmup_min_ratio`` up to 1 over ``warmup_num_steps``, then a
     cosine down to ``cos_min_ratio`` at ``total_num_steps``, where it stays."""
 
-    def __init__(self, optimizer: Any, total_num_steps: int = 1000, warmup_min_ratio: float = 0.0,
+    def __init__(self, optimizer: object, total_num_steps: int = 1000, warmup_min_ratio: float = 0.0,
                  warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = LOG,
                  last_batch_iteration: int = -1) -> None:
         check_positive_int(warmup_num_steps, "warmup_num_steps")
@@ -140,7 +141,7 @@ class LRRangeTest(Scheduler):
     """``lr_range_test_min_lr * (1 + step_rate * (counter + 1) / step_size)``, the quotient floored with
     ``lr_range_test_staircase``; the min lr is per group."""
 
-    def __init__(self, optimizer: Any, lr_range_test_min_lr: Any = 1e-3, lr_range_test_step_size: int = 2000,
+    def __init__(self, optimizer: object, lr_range_test_min_lr: PerGroup = 1e-3, lr_range_test_step_size: int = 2000,
                  lr_range_test_step_rate: float = 1.0, lr_range_test_staircase: bool = False,
                  last_batch_iteration: int = -1) -> None:
         super().__init__(optimizer, last_batch_iteration)
@@ -165,7 +166,7 @@ _SCHEDULES: dict[str, type[Scheduler]] = {"WarmupLR": WarmupLR, "WarmupDecayLR":
                                           "LRRangeTest": LRRangeTest}
 
 
-def build_scheduler(type_name: str, params: dict[str, Any], optimizer: Any) -> Scheduler:
+def build_scheduler(type_name: str, params: dict[str, Any], optimizer: object) -> Scheduler:
     """The config's ``scheduler`` block as DeepSpeed's engine builds it: ``type(optimizer, **params)``."""
     cls = _SCHEDULES.get(type_name)
     if cls is None:
