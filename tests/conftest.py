@@ -24,6 +24,17 @@ def _no_process_group_left_behind() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An engine built in this process is world size 1: no launcher variables, its group torn down after."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    yield
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "netns: needs Linux network namespaces (root, iproute2, sshd); skips with the reason")
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from launcher.report import Failure, format_report
@@ -66,13 +64,6 @@ def test_same_error_on_every_rank_is_shown_once() -> None:
     assert "rank 4: exit code 1" in text and "KeyError: 'x'" in text
 
 
-@pytest.fixture
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def test_progress_counts_steps_from_one_and_logs_memory_for_people(world_of_one: None,

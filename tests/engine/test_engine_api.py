@@ -8,7 +8,6 @@ The default process group the engine creates is destroyed after each test.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,13 +22,7 @@ from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS
 BASE = {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 10**6}
 
 
-@pytest.fixture(autouse=True)
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # tests/conftest.py
 
 
 def _model() -> nn.Module:

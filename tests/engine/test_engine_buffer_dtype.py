@@ -3,23 +3,13 @@ frozen ones included, take the compute dtype. World of one, in this process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import zerorun
 
-
-@pytest.fixture(autouse=True)
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # tests/conftest.py
 
 
 class Rotary(nn.Module):

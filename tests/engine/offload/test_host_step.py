@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,13 +28,7 @@ from zerorun.engine.training.optim_factory import build_optimizer
 LAYERS, WIDTH, STEPS = 4, 16, 3
 
 
-@pytest.fixture(autouse=True)
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # tests/conftest.py
 
 
 def _model() -> nn.Module:

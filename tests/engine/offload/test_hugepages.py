@@ -3,7 +3,6 @@ hands them out, and a step over them that is bit for bit the step over 4 KiB pag
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +16,7 @@ from zerorun.engine.offload import hugepages
 WIDTH = 1024  # one 1024x1024 layer: a 4 MiB fp32 master, the smallest that moves
 
 
-@pytest.fixture(autouse=True)
-def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERORUN_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # tests/conftest.py
 
 
 def _huge_kib(t: torch.Tensor) -> int:
