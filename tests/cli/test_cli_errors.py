@@ -137,6 +137,18 @@ def test_validate_checks_the_optimizer_against_torch(files: Path, capsys: pytest
     assert "weight_dacay: is not a parameter of torch.optim.AdamW (did you mean weight_decay?)" in out
 
 
+def test_validate_takes_a_schedules_per_group_lists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSpeed's schedules take one lr (or momentum) per parameter group, as the engine does."""
+    cfg = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": [0.0, 1e-5], "warmup_num_steps": 10}}}
+    (tmp_path / "groups.json").write_text(json.dumps(cfg))
+    assert main(["validate", str(tmp_path / "groups.json")]) == 0, capsys.readouterr().out
+    cfg["scheduler"]["params"]["warmup_min_lr"] = ["0.0"]  # not numbers: still refused
+    (tmp_path / "groups.json").write_text(json.dumps(cfg))
+    assert main(["validate", str(tmp_path / "groups.json")]) == BAD_INPUT
+    assert "warmup_min_lr: WarmupLR takes int or float here, got list" in capsys.readouterr().out
+
+
 def test_the_console_script_never_prints_a_traceback(files: Path) -> None:
     for argv, code in ((["-h"], 0), (["validate"], USAGE), (["print-config", "--json", "missing.json"], BAD_INPUT),
                        (["estimate", "--dtype", "fp8"], USAGE)):

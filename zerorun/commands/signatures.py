@@ -29,11 +29,22 @@ def _kind(default: Any) -> tuple[type, ...] | None:
     return None
 
 
-def _check(block: str, owner: str, params: dict[str, Any], accepted: dict[str, Any]) -> list[Problem]:
+PER_GROUP = frozenset({"warmup_min_lr", "warmup_max_lr", "cycle_min_lr", "cycle_max_lr", "cycle_min_mom",
+                       "cycle_max_mom", "lr_range_test_min_lr"})
+"""Schedule parameters DeepSpeed also takes as a list with one number per parameter group."""
+
+
+def _per_group_numbers(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+
+
+def _check(block: str, owner: str, params: dict[str, Any], accepted: dict[str, Any],
+           per_group: frozenset[str] = frozenset()) -> list[Problem]:
     problems = []
     for name, value in params.items():
-        if value == "auto":
-            continue  # resolved (or dropped) by the engine
+        if value == "auto" or (name in per_group and _per_group_numbers(value)):
+            continue  # "auto": resolved (or dropped) by the engine; a per-group list: the engine checks its length
         if name not in accepted:
             problems.append(Problem(f"{block}.params.{name}", f"is not a parameter of {owner}",
                                     suggestion=did_you_mean(name, sorted(accepted))))
@@ -78,7 +89,7 @@ def _scheduler_problems(name: str, params: dict[str, Any]) -> list[Problem]:
     if accepted is None:
         return [Problem("scheduler.type", f"{name!r} is accepted in configs but the bundled engine has no such "
                         f"schedule; use one of {', '.join(SCHEDULES)} or pass lr_scheduler= to initialize()")]
-    return _check("scheduler", name, params, accepted)
+    return _check("scheduler", name, params, accepted, PER_GROUP)
 
 
 def builder_problems(cfg: ZerorunConfig) -> list[Problem]:
