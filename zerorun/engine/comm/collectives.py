@@ -284,9 +284,8 @@ class Collectives:
             return Pending(exchange if async_op else None).traced(record, start)
         self.counter.via[counted_as] = "point-to-point all-to-all (quantized, zerorun.engine.comm.quantized)"
         ops = []
-        whole = self.group is dist.group.WORLD
         for peer in self._peers():
-            to = peer if whole else dist.get_global_rank(self.group, peer)  # point to point names world ranks
+            to = self._world_ranks[peer]
             ops += [dist.P2POp(dist.isend, send.narrow(0, peer * size, size), to, self.group),
                     dist.P2POp(dist.irecv, recv.narrow(0, peer * size, size), to, self.group)]
         return self._exchange(ops, finish, async_op).traced(record, start)

@@ -191,7 +191,7 @@ class UnitGradSync(ShardedGradSync):
         """``replica`` (MiCS): the ranks holding the same shards; the boundary's shards are summed over it."""
         super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
         self.replicas = ReplicaSum(self.accum, replica) if replica is not None else None
-        if replica is not None:  # the average is over the world: every shard group's ranks times its replicas
+        if replica is not None and policy.average:  # the mean is over the world: the group's ranks x its replicas
             self.post = policy.predivide / (coll.world_size * replica.world_size)
         self.coordinator = coordinator
         self.coalesce_numel = coalesce_numel
