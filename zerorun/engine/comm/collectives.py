@@ -207,26 +207,36 @@ class Collectives:
             check_device(kind, self.device, list(tensors))
 
     @_opaque_to_compile
-    def reduce_scatter(self, flat: torch.Tensor, *, async_op: bool = False) -> Pending:
+    def reduce_scatter(self, flat: torch.Tensor, *, out: torch.Tensor | None = None,
+                       async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
 
         ``flat.numel()`` must be a multiple of the world size. Other chunks of ``flat``
         are left undefined (they hold partial or full sums depending on the backend).
+        ``out`` (a chunk-sized tensor of ``flat``'s dtype, apart from ``flat``): the sum lands
+        there instead, written by the collective itself where the path can (NCCL's output, the
+        shared-memory lane's adds), so a caller that keeps the sum elsewhere saves a copy;
+        every chunk of ``flat`` is undefined then.
         """
         self.counter.add("reduce_scatter", flat)
         if not self._live():
+            if out is not None:
+                out.copy_(self.shard_of(flat))
             return Pending(None)
         record, start = self._issue("reduce_scatter", flat.numel(), flat.dtype)
         if async_op and "deferred" in self.checks:
-            return Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True))).traced(record, start)
-        return self._reduce_scatter(flat, async_op).traced(record, start)
+            pending = Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))
+            return self._copied_out(pending, flat, out, True).traced(record, start)
+        return self._reduce_scatter(flat, async_op, out).traced(record, start)
 
-    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool) -> Pending:
+    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool, out: torch.Tensor | None = None) -> Pending:
         if self.native_reduce_scatter:
-            return self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
-                self.shard_of(t), t, group=self.group, async_op=async_op))
+            direct = out is not None and flat.device.type == self.device.type  # no staged copy between
+            pending = self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
+                out if direct else self.shard_of(t), t, group=self.group, async_op=async_op))
+            return pending if direct else self._copied_out(pending, flat, out, async_op)
         if (lane := self._lane_for(flat)) is not None:
-            return self._lane_pending(lane, lane.reduce_scatter(flat), async_op)
+            return self._lane_pending(lane, lane.reduce_scatter(flat, out), async_op)
         size = flat.numel() // self.world_size
         received = [torch.empty(size, dtype=flat.dtype, device=flat.device) for _ in self._peers()]
         ops = []
@@ -234,7 +244,16 @@ class Collectives:
             ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), self._world_ranks[peer], self.group),
                     dist.P2POp(dist.irecv, buf, self._world_ranks[peer], self.group)]
         mine = self.shard_of(flat)
-        return self._exchange(ops, lambda: shm.add_chunks(mine, received), async_op)
+        return self._exchange(ops, lambda: shm.sum_chunks(mine if out is None else out, mine, received), async_op)
+
+    def _copied_out(self, pending: Pending, flat: torch.Tensor, out: torch.Tensor | None, async_op: bool) -> Pending:
+        """A reduce-scatter that summed in place: its sum copied into ``out`` (if any) once complete."""
+        if out is None:
+            return pending
+        if not async_op:  # complete already
+            out.copy_(self.shard_of(flat))
+            return pending
+        return pending.then(lambda: out.copy_(self.shard_of(flat)))
 
     @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False, label: str | None = None) -> Pending:

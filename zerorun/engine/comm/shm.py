@@ -133,16 +133,22 @@ def segment_bytes(slot_bytes: int) -> int:
     return HEADER_BYTES + SLOTS * slot_bytes
 
 
-def add_chunks(target: torch.Tensor, chunks: list[torch.Tensor]) -> None:
-    """Add ``chunks`` into ``target`` in order; a 16-bit sum of several is taken in fp32 and rounded once."""
-    if target.dtype == torch.float32 or len(chunks) <= 1:
-        for c in chunks:
-            target.add_(c)
+def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor]) -> None:
+    """``out = first + chunks[0] + ...``, added in that order (``out`` may be ``first``); a 16-bit sum of
+    several chunks is taken in fp32 and rounded once, so every way of calling it rounds alike."""
+    if not chunks:
+        if out is not first:
+            out.copy_(first)
         return
-    total = target.float()
+    if out.dtype == torch.float32 or len(chunks) == 1:
+        torch.add(first, chunks[0], out=out)  # the first add writes the output: no copy of ``first``
+        for c in chunks[1:]:
+            out.add_(c)
+        return
+    total = first.float()
     for c in chunks:
         total.add_(c)
-    target.copy_(total)
+    out.copy_(total)
 
 
 def slot_bytes_for(largest_bytes: int, world_size: int) -> int:
@@ -239,18 +245,20 @@ class SharedLane:
         return tensor.is_contiguous() and tensor.dtype in DTYPE_CODES
 
     # ---- the three collectives: what each piece posts, and what completing it does -------------
-    def reduce_scatter(self, flat: torch.Tensor) -> int:
-        """Piece ``[start, start + n)`` of every chunk: region ``p`` of the slot holds peer ``p``'s."""
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor | None = None) -> int:
+        """Piece ``[start, start + n)`` of every chunk: region ``p`` of the slot holds peer ``p``'s.
+        The sum lands in this rank's chunk of ``flat``, or in ``out`` (a chunk-sized tensor) when given."""
         size = flat.numel() // self.world_size
         piece = max(1, self.slot_bytes // (self.world_size * flat.element_size()))
         mine = flat.narrow(0, self.rank * size, size)
+        target = mine if out is None else out
 
         def post(slot: torch.Tensor, start: int, n: int) -> None:
             for p in self.peers:  # peers read only their own chunk's stretch of this rank's buffer
                 slot.narrow(0, p * piece, n).copy_(flat.narrow(0, p * size + start, n))
 
         def complete(seq: int, start: int, n: int) -> None:
-            add_chunks(mine.narrow(0, start, n),
+            sum_chunks(target.narrow(0, start, n), mine.narrow(0, start, n),
                        [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * piece, n) for p in self.peers])
 
         return self._pieces("reduce_scatter", flat, size, piece, post, complete)
@@ -279,13 +287,7 @@ class SharedLane:
 
         def complete(seq: int, start: int, n: int) -> None:
             parts = [self._slot_of(p, seq, flat.dtype).narrow(0, 0, n) for p in range(self.world_size)]
-            out = whole.narrow(0, start, n)
-            if flat.dtype == torch.float32:  # the first add writes the output: no copy of rank 0's part
-                torch.add(parts[0], parts[1], out=out)
-                add_chunks(out, parts[2:])
-            else:
-                out.copy_(parts[0])
-                add_chunks(out, parts[1:])
+            sum_chunks(whole.narrow(0, start, n), parts[0], parts[1:])
 
         return self._pieces("all_reduce", flat, whole.numel(), piece, post, complete)
 

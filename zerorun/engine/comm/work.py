@@ -41,8 +41,9 @@ class Pending:
         return self
 
     def then(self, fn: Callable[[], None]) -> Pending:
-        """Run ``fn`` once the collective has completed (at ``wait()``)."""
-        self._then = fn
+        """Run ``fn`` once the collective has completed (at ``wait()``), after what ran there already."""
+        first = self._then
+        self._then = fn if first is None else lambda: (first(), fn())
         return self
 
     def ready(self) -> bool:

@@ -182,15 +182,23 @@ class GradSyncBase:
     def _launch(self, bucket_index: int) -> None:
         raise NotImplementedError
 
-    def _reduce(self, flat: torch.Tensor, scatter: bool, then) -> Pending:
-        """Pre-scale, cast to the communication dtype if needed, reduce, and hand the result to ``then``."""
-        comm = flat if self.policy.comm_dtype in (None, flat.dtype) else flat.to(self.policy.comm_dtype)
+    def comm_dtype(self, flat: torch.Tensor) -> torch.dtype:
+        """The dtype ``flat``'s reduction travels in."""
+        return self.policy.comm_dtype or flat.dtype
+
+    def _reduce(self, flat: torch.Tensor, scatter: bool, then, out: torch.Tensor | None = None) -> Pending:
+        """Pre-scale, cast to the communication dtype if needed, reduce, and hand the result to ``then``.
+        ``out``: a reduce-scatter's sum lands there (of :meth:`comm_dtype`; not with qgZ)."""
+        comm = flat if self.comm_dtype(flat) == flat.dtype else flat.to(self.policy.comm_dtype)
         if self.pre != 1.0:
             comm.mul_(self.pre)
         if scatter and self.policy.quantized:
+            assert out is None, "qgZ's reduce-scatter sums into its own buffer"
             pending = quantized_reduce_scatter(self.coll, comm, async_op=True)
+        elif scatter:
+            pending = self.coll.reduce_scatter(comm, out=out, async_op=True)
         else:
-            pending = (self.coll.reduce_scatter if scatter else self.coll.all_reduce)(comm, async_op=True)
+            pending = self.coll.all_reduce(comm, async_op=True)
         pending.then(lambda: then(comm))
         self.inflight.append(pending)
         return pending

@@ -62,14 +62,32 @@ class ShardAccumulator:
         if acc is None:
             acc = self.acc[index] = self._new(self.buckets[index])
         if self.fresh[index]:
-            # cast, then scale in fp32, as the later add_ does: torch.mul(part, alpha, out=acc) would
-            # compute in part's dtype (bf16: relative error 2^-9 at alpha 1/3) and only then widen
-            acc.copy_(part)
-            if alpha != 1.0:
-                acc.mul_(alpha)
+            if part.dtype == acc.dtype and alpha != 1.0:
+                torch.mul(part, alpha, out=acc)  # one pass, the same rounding as copy then mul_
+            else:  # cast, then scale in fp32, as the later add_ does: torch.mul(part, alpha, out=acc)
+                # would compute in part's dtype (bf16: relative error 2^-9 at alpha 1/3) and only then widen
+                acc.copy_(part)
+                if alpha != 1.0:
+                    acc.mul_(alpha)
             self.fresh[index] = False
         else:
             acc.add_(part, alpha=alpha)
+
+    def fresh_target(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Bucket ``index``'s sum buffer when the next addition overwrites it and a ``dtype`` reduction can
+        write there itself (a reduce-scatter's ``out``: no copy of the reduced chunk); then :meth:`landed`."""
+        if not self.fresh[index] or dtype != self.dtype:
+            return None
+        acc = self.acc[index]
+        if acc is None:
+            acc = self.acc[index] = self._new(self.buckets[index])
+        return acc
+
+    def landed(self, index: int, alpha: float = 1.0) -> None:
+        """A reduction wrote bucket ``index``'s chunk into :meth:`fresh_target`'s buffer: scale it, as :meth:`add` would."""
+        if alpha != 1.0:
+            self.acc[index].mul_(alpha)  # type: ignore[union-attr]
+        self.fresh[index] = False
 
     def holds(self, index: int) -> bool:
         return not self.fresh[index]
@@ -158,12 +176,17 @@ class ShardedGradSync(GradSyncBase):
         bucket = self.buckets[bucket_index]
         buf = self._take(bucket_index)
         flat = buf.narrow(0, 0, bucket.plan.padded_numel)
+        # the first reduction since zero() sums straight into the accumulator (qgZ sums into its own buffer)
+        out = None if self.policy.quantized else self.accum.fresh_target(bucket_index, self.comm_dtype(flat))
 
         def done(comm: torch.Tensor) -> None:
-            self.accum.add(bucket_index, bucket.shard(comm), self.post)
+            if out is not None:
+                self.accum.landed(bucket_index, self.post)
+            else:
+                self.accum.add(bucket_index, bucket.shard(comm), self.post)
             self.free.append(buf)
 
-        self._reduce(flat, True, done)
+        self._reduce(flat, True, done, out)
 
     def owned_grads(self) -> list[torch.Tensor]:
         return [self.accum.get(i) for i in range(len(self.buckets))]
