@@ -1,5 +1,6 @@
 """A reduce-scatter into ``out`` (stages 2 and 3 sum straight into the gradient accumulator) gives the
-bits the in-place one leaves in the rank's chunk, on every path: the shared-memory lane (in more
+bits the in-place one leaves in the rank's chunk, and with ``scale`` those bits times the scale (the
+accumulator's average), on every path: the shared-memory lane (in more
 pieces than it has slots), the point-to-point exchange, the native collective (NCCL's policy on gloo)
 and the deferred stand-in, whose sum is copied into ``out`` once complete. A path that ignored
 ``out``, or wrote another chunk there, fails.
@@ -40,7 +41,10 @@ def _both_ways(rank: int, world: int, path: str) -> list[tuple[torch.Tensor, tor
         pending.wait()
         blocking = torch.full_like(out, float("nan"))
         coll.reduce_scatter(_inputs(rank, n, dtype, k), out=blocking)
-        pairs += [(coll.shard_of(in_place), out), (coll.shard_of(in_place), blocking)]
+        scaled = torch.full_like(out, float("nan"))
+        coll.reduce_scatter(_inputs(rank, n, dtype, k), out=scaled, scale=1 / 3, async_op=True).wait()
+        summed = coll.shard_of(in_place)
+        pairs += [(summed, out), (summed, blocking), (summed * (1 / 3), scaled)]
     return pairs
 
 

@@ -94,6 +94,18 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def _land(out: torch.Tensor, summed: torch.Tensor, scale: float) -> None:
+    """``out = summed * scale`` in one pass (``summed`` may be ``out``): the rounding of a copy, then ``mul_``."""
+    if scale == 1.0:
+        if summed is not out:
+            out.copy_(summed)
+    elif summed.dtype == out.dtype:
+        torch.mul(summed, scale, out=out)
+    else:
+        out.copy_(summed)
+        out.mul_(scale)
+
+
 def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
     """The collective timeout ``group`` was created with (``init_process_group(timeout=...)``),
     so a lane wait gives up when the backend's own collectives would."""
@@ -207,36 +219,42 @@ class Collectives:
             check_device(kind, self.device, list(tensors))
 
     @_opaque_to_compile
-    def reduce_scatter(self, flat: torch.Tensor, *, out: torch.Tensor | None = None,
+    def reduce_scatter(self, flat: torch.Tensor, *, out: torch.Tensor | None = None, scale: float = 1.0,
                        async_op: bool = False) -> Pending:
         """Sum ``flat`` across ranks; afterwards this rank's chunk ``shard_of(flat)`` holds the sum.
 
         ``flat.numel()`` must be a multiple of the world size. Other chunks of ``flat``
         are left undefined (they hold partial or full sums depending on the backend).
-        ``out`` (a chunk-sized tensor of ``flat``'s dtype, apart from ``flat``): the sum lands
-        there instead, written by the collective itself where the path can (NCCL's output, the
-        shared-memory lane's adds), so a caller that keeps the sum elsewhere saves a copy;
-        every chunk of ``flat`` is undefined then.
+        ``out`` (a chunk-sized tensor of ``flat``'s dtype, apart from ``flat``): the sum times
+        ``scale`` lands there instead, written by the collective itself where the path can
+        (NCCL's output, the shared-memory lane's adds, scaled piece by piece while in cache), so
+        a caller that keeps the sum elsewhere saves a pass or two; every chunk of ``flat`` is
+        undefined then.
         """
+        assert out is not None or scale == 1.0, "a scaled reduce-scatter lands in out"
         self.counter.add("reduce_scatter", flat)
         if not self._live():
             if out is not None:
-                out.copy_(self.shard_of(flat))
+                _land(out, self.shard_of(flat), scale)
             return Pending(None)
         record, start = self._issue("reduce_scatter", flat.numel(), flat.dtype)
         if async_op and "deferred" in self.checks:
             pending = Pending(defer("reduce_scatter", flat, lambda t: self._reduce_scatter(t, True)))
-            return self._copied_out(pending, flat, out, True).traced(record, start)
-        return self._reduce_scatter(flat, async_op, out).traced(record, start)
+            return self._landed_out(pending, flat, out, scale, True).traced(record, start)
+        return self._reduce_scatter(flat, async_op, out, scale).traced(record, start)
 
-    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool, out: torch.Tensor | None = None) -> Pending:
+    def _reduce_scatter(self, flat: torch.Tensor, async_op: bool, out: torch.Tensor | None = None,
+                        scale: float = 1.0) -> Pending:
         if self.native_reduce_scatter:
-            direct = out is not None and flat.device.type == self.device.type  # no staged copy between
+            if out is not None and flat.device.type == self.device.type:  # no staged copy between: NCCL's output
+                pending = self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
+                    out, t, group=self.group, async_op=async_op))
+                return self._landed_out(pending, out, out, scale, async_op)
             pending = self._run(flat, async_op, lambda t: _REDUCE_SCATTER(
-                out if direct else self.shard_of(t), t, group=self.group, async_op=async_op))
-            return pending if direct else self._copied_out(pending, flat, out, async_op)
+                self.shard_of(t), t, group=self.group, async_op=async_op))
+            return self._landed_out(pending, flat, out, scale, async_op)
         if (lane := self._lane_for(flat)) is not None:
-            return self._lane_pending(lane, lane.reduce_scatter(flat, out), async_op)
+            return self._lane_pending(lane, lane.reduce_scatter(flat, out, scale), async_op)
         size = flat.numel() // self.world_size
         received = [torch.empty(size, dtype=flat.dtype, device=flat.device) for _ in self._peers()]
         ops = []
@@ -244,16 +262,20 @@ class Collectives:
             ops += [dist.P2POp(dist.isend, flat.narrow(0, peer * size, size), self._world_ranks[peer], self.group),
                     dist.P2POp(dist.irecv, buf, self._world_ranks[peer], self.group)]
         mine = self.shard_of(flat)
-        return self._exchange(ops, lambda: shm.sum_chunks(mine if out is None else out, mine, received), async_op)
+        target = mine if out is None else out
+        return self._exchange(ops, lambda: shm.sum_chunks(target, mine, received, scale), async_op)
 
-    def _copied_out(self, pending: Pending, flat: torch.Tensor, out: torch.Tensor | None, async_op: bool) -> Pending:
-        """A reduce-scatter that summed in place: its sum copied into ``out`` (if any) once complete."""
+    def _landed_out(self, pending: Pending, summed: torch.Tensor, out: torch.Tensor | None, scale: float,
+                    async_op: bool) -> Pending:
+        """A reduce-scatter that left its sum in ``summed``'s chunk (or in ``out`` itself): the sum
+        times ``scale`` in ``out`` (if any) once complete."""
         if out is None:
             return pending
+        source = out if summed is out else self.shard_of(summed)
         if not async_op:  # complete already
-            out.copy_(self.shard_of(flat))
+            _land(out, source, scale)
             return pending
-        return pending.then(lambda: out.copy_(self.shard_of(flat)))
+        return pending.then(lambda: _land(out, source, scale))
 
     @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False, label: str | None = None) -> Pending:

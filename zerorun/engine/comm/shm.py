@@ -133,22 +133,23 @@ def segment_bytes(slot_bytes: int) -> int:
     return HEADER_BYTES + SLOTS * slot_bytes
 
 
-def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor]) -> None:
-    """``out = first + chunks[0] + ...``, added in that order (``out`` may be ``first``); a 16-bit sum of
-    several chunks is taken in fp32 and rounded once, so every way of calling it rounds alike."""
+def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor], scale: float = 1.0) -> None:
+    """``out = (first + chunks[0] + ...) * scale``, added in that order (``out`` may be ``first``); a
+    16-bit sum of several chunks is taken in fp32 and rounded once, so every way of calling it rounds alike."""
     if not chunks:
         if out is not first:
             out.copy_(first)
-        return
-    if out.dtype == torch.float32 or len(chunks) == 1:
+    elif out.dtype == torch.float32 or len(chunks) == 1:
         torch.add(first, chunks[0], out=out)  # the first add writes the output: no copy of ``first``
         for c in chunks[1:]:
             out.add_(c)
-        return
-    total = first.float()
-    for c in chunks:
-        total.add_(c)
-    out.copy_(total)
+    else:
+        total = first.float()
+        for c in chunks:
+            total.add_(c)
+        out.copy_(total)
+    if scale != 1.0:
+        out.mul_(scale)
 
 
 def slot_bytes_for(largest_bytes: int, world_size: int) -> int:
@@ -245,9 +246,10 @@ class SharedLane:
         return tensor.is_contiguous() and tensor.dtype in DTYPE_CODES
 
     # ---- the three collectives: what each piece posts, and what completing it does -------------
-    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor | None = None) -> int:
+    def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0) -> int:
         """Piece ``[start, start + n)`` of every chunk: region ``p`` of the slot holds peer ``p``'s.
-        The sum lands in this rank's chunk of ``flat``, or in ``out`` (a chunk-sized tensor) when given."""
+        The sum lands in this rank's chunk of ``flat``, or in ``out`` (a chunk-sized tensor) when given,
+        times ``scale`` (piece by piece, while each is in cache)."""
         size = flat.numel() // self.world_size
         piece = max(1, self.slot_bytes // (self.world_size * flat.element_size()))
         mine = flat.narrow(0, self.rank * size, size)
@@ -259,7 +261,7 @@ class SharedLane:
 
         def complete(seq: int, start: int, n: int) -> None:
             sum_chunks(target.narrow(0, start, n), mine.narrow(0, start, n),
-                       [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * piece, n) for p in self.peers])
+                       [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * piece, n) for p in self.peers], scale)
 
         return self._pieces("reduce_scatter", flat, size, piece, post, complete)
 

@@ -186,9 +186,10 @@ class GradSyncBase:
         """The dtype ``flat``'s reduction travels in."""
         return self.policy.comm_dtype or flat.dtype
 
-    def _reduce(self, flat: torch.Tensor, scatter: bool, then, out: torch.Tensor | None = None) -> Pending:
+    def _reduce(self, flat: torch.Tensor, scatter: bool, then, out: torch.Tensor | None = None,
+                scale: float = 1.0) -> Pending:
         """Pre-scale, cast to the communication dtype if needed, reduce, and hand the result to ``then``.
-        ``out``: a reduce-scatter's sum lands there (of :meth:`comm_dtype`; not with qgZ)."""
+        ``out``: a reduce-scatter's sum times ``scale`` lands there (of :meth:`comm_dtype`; not with qgZ)."""
         comm = flat if self.comm_dtype(flat) == flat.dtype else flat.to(self.policy.comm_dtype)
         if self.pre != 1.0:
             comm.mul_(self.pre)
@@ -196,7 +197,7 @@ class GradSyncBase:
             assert out is None, "qgZ's reduce-scatter sums into its own buffer"
             pending = quantized_reduce_scatter(self.coll, comm, async_op=True)
         elif scatter:
-            pending = self.coll.reduce_scatter(comm, out=out, async_op=True)
+            pending = self.coll.reduce_scatter(comm, out=out, scale=scale, async_op=True)
         else:
             pending = self.coll.all_reduce(comm, async_op=True)
         pending.then(lambda: then(comm))

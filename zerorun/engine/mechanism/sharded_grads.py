@@ -75,7 +75,8 @@ class ShardAccumulator:
 
     def fresh_target(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Bucket ``index``'s sum buffer when the next addition overwrites it and a ``dtype`` reduction can
-        write there itself (a reduce-scatter's ``out``: no copy of the reduced chunk); then :meth:`landed`."""
+        write there itself (a reduce-scatter's ``out``, scaled as :meth:`add` scales: no copy of the reduced
+        chunk); then :meth:`landed`."""
         if not self.fresh[index] or dtype != self.dtype:
             return None
         acc = self.acc[index]
@@ -83,10 +84,8 @@ class ShardAccumulator:
             acc = self.acc[index] = self._new(self.buckets[index])
         return acc
 
-    def landed(self, index: int, alpha: float = 1.0) -> None:
-        """A reduction wrote bucket ``index``'s chunk into :meth:`fresh_target`'s buffer: scale it, as :meth:`add` would."""
-        if alpha != 1.0:
-            self.acc[index].mul_(alpha)  # type: ignore[union-attr]
+    def landed(self, index: int) -> None:
+        """A reduction wrote bucket ``index``'s scaled chunk into :meth:`fresh_target`'s buffer."""
         self.fresh[index] = False
 
     def holds(self, index: int) -> bool:
@@ -181,12 +180,12 @@ class ShardedGradSync(GradSyncBase):
 
         def done(comm: torch.Tensor) -> None:
             if out is not None:
-                self.accum.landed(bucket_index, self.post)
+                self.accum.landed(bucket_index)
             else:
                 self.accum.add(bucket_index, bucket.shard(comm), self.post)
             self.free.append(buf)
 
-        self._reduce(flat, True, done, out)
+        self._reduce(flat, True, done, out, self.post if out is not None else 1.0)
 
     def owned_grads(self) -> list[torch.Tensor]:
         return [self.accum.get(i) for i in range(len(self.buckets))]
