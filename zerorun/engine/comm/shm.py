@@ -152,6 +152,11 @@ def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor
         out.mul_(scale)
 
 
+def _region(reader: int, poster: int) -> int:
+    """Where ``reader``'s stretch sits in ``poster``'s reduce-scatter slot: the poster's peers in rank order."""
+    return reader if reader < poster else reader - 1
+
+
 def slot_bytes_for(largest_bytes: int, world_size: int) -> int:
     """The slot size for collectives of up to ``largest_bytes`` among ``world_size`` ranks: every
     segment together within :data:`LANE_BYTES`, never below :data:`MIN_SLOT_BYTES` (nor larger
@@ -247,21 +252,23 @@ class SharedLane:
 
     # ---- the three collectives: what each piece posts, and what completing it does -------------
     def reduce_scatter(self, flat: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0) -> int:
-        """Piece ``[start, start + n)`` of every chunk: region ``p`` of the slot holds peer ``p``'s.
-        The sum lands in this rank's chunk of ``flat``, or in ``out`` (a chunk-sized tensor) when given,
-        times ``scale`` (piece by piece, while each is in cache)."""
+        """Piece ``[start, start + n)`` of every chunk: the poster's slot holds one region per peer, in
+        rank order (none for its own chunk, so a piece is as large as the slot allows: at world 2 the
+        whole slot). The sum lands in this rank's chunk of ``flat``, or in ``out`` (a chunk-sized
+        tensor) when given, times ``scale`` (piece by piece, while each is in cache)."""
         size = flat.numel() // self.world_size
-        piece = max(1, self.slot_bytes // (self.world_size * flat.element_size()))
+        piece = max(1, self.slot_bytes // ((self.world_size - 1) * flat.element_size()))
         mine = flat.narrow(0, self.rank * size, size)
         target = mine if out is None else out
 
         def post(slot: torch.Tensor, start: int, n: int) -> None:
-            for p in self.peers:  # peers read only their own chunk's stretch of this rank's buffer
-                slot.narrow(0, p * piece, n).copy_(flat.narrow(0, p * size + start, n))
+            for k, p in enumerate(self.peers):  # peers read only their own chunk's stretch of this rank's buffer
+                slot.narrow(0, k * piece, n).copy_(flat.narrow(0, p * size + start, n))
 
         def complete(seq: int, start: int, n: int) -> None:
             sum_chunks(target.narrow(0, start, n), mine.narrow(0, start, n),
-                       [self._slot_of(p, seq, flat.dtype).narrow(0, self.rank * piece, n) for p in self.peers], scale)
+                       [self._slot_of(p, seq, flat.dtype).narrow(0, _region(self.rank, p) * piece, n)
+                        for p in self.peers], scale)
 
         return self._pieces("reduce_scatter", flat, size, piece, post, complete)
 
