@@ -24,9 +24,9 @@ from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.mechanism.shard_store import ShardStore
 from zerorun.engine.numerics.compensated import Compensation
 from zerorun.engine.offload.copies import Fence
-from zerorun.engine.offload.params import ParamOffload
 
 Copier = Callable[[torch.Tensor, torch.Tensor], "Fence | None"]  # dst, src -> the copy's fence (None: done)
 
@@ -210,7 +210,7 @@ class PartitionedMasters(MasterShards):
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__(buckets, sharded=True, alias=alias, dtype=dtype)  # type: ignore[arg-type]
         self.coordinator = coordinator
-        self.param_offload: ParamOffload | None = None
+        self.param_offload: ShardStore | None = None
         for b, m in zip(buckets, self.masters, strict=True):
             b.master = None if alias else m.data
 

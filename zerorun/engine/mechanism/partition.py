@@ -52,7 +52,7 @@ from zerorun.engine.mechanism.routes import GatherRoutes
 from zerorun.engine.surface import ds_param_attrs
 
 if TYPE_CHECKING:
-    from zerorun.engine.offload.params import ParamOffload
+    from zerorun.engine.mechanism.shard_store import ShardStore
 
 BUCKET_ATTR = "zr_bucket"
 
@@ -98,7 +98,7 @@ class PartitionedBucket(FlatBucket):
         self.local: torch.Tensor | None = None
         self.master: torch.Tensor | None = None  # the fp32 master when it is not ``local`` itself
         self._pending: Pending | None = None
-        self.offload: ParamOffload | None = None  # a ParamOffload holding the resting shard (offload_param), else None
+        self.offload: ShardStore | None = None  # a ParamOffload holding the resting shard (offload_param), else None
         # ZeRO++ (zerorun.engine.comm.quantized): the coordinator's gathers travel as int8 blocks (qwZ), and a
         # frozen bucket may rest as them (``local`` None): every gather then dequantizes what rests
         self.quantized_gather = False

@@ -23,21 +23,10 @@ import torch
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.offload.host import HostMasters
 from zerorun.engine.offload.policy import OffloadPolicy
-from zerorun.engine.offload.swapper import Swapper
-from zerorun.engine.physical_memory import trim_heap
+from zerorun.engine.offload.swapper import Swapper, release_freed_memory
 
 if TYPE_CHECKING:
     from zerorun.engine.mechanism.masters import MasterShards
-
-
-def release_freed_memory() -> None:
-    """Hand the just-freed swap buffers back to the OS.
-
-    Buffers read by the pool threads come from per-thread malloc arenas (glibc raises its
-    mmap threshold after the first free), so without a trim the process keeps them mapped
-    and the resident set never shrinks between steps.
-    """
-    trim_heap()
 
 
 _STATES_PER_PARAM = {"adam": 2, "adamw": 2, "sgd": 1, "adagrad": 1, "rmsprop": 2}  # for the space check

@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from zerorun.engine.offload import copy_checks
-from zerorun.engine.offload.nvme import release_freed_memory
 from zerorun.engine.offload.policy import OffloadPolicy, policy_for
-from zerorun.engine.offload.swapper import Swapper
+from zerorun.engine.offload.swapper import Swapper, release_freed_memory
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig

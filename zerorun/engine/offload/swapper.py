@@ -35,8 +35,19 @@ from pathlib import Path
 import torch
 
 from zerorun.engine.offload.policy import OffloadError
+from zerorun.engine.physical_memory import trim_heap
 
 _COUNTER = itertools.count()
+
+
+def release_freed_memory() -> None:
+    """Hand the just-freed swap buffers back to the OS.
+
+    Buffers read by the pool threads come from per-thread malloc arenas (glibc raises its
+    mmap threshold after the first free), so without a trim the process keeps them mapped
+    and the resident set never shrinks between steps.
+    """
+    trim_heap()
 
 
 def check_space(path: Path, need_bytes: int, key: str = "offload_optimizer") -> None:

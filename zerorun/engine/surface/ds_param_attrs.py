@@ -25,16 +25,31 @@ A parameter with ``ds_id`` is a ZeRO-3 parameter (:func:`is_zero_param`, DeepSpe
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Set
+from collections.abc import Callable, Iterator, Set
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
+from zerorun.engine.mechanism.buckets import BucketPlan
 from zerorun.engine.mechanism.param_state import ParamState
 
-if TYPE_CHECKING:
-    from zerorun.engine.mechanism.partition import PartitionedBucket
+
+class PartitionedBucket(Protocol):
+    """What the attributes are written from: a stage-3 bucket
+    (:class:`zerorun.engine.mechanism.partition.PartitionedBucket`, which calls :func:`sync`)."""
+
+    params: list[nn.Parameter]
+    plan: BucketPlan
+    state: ParamState
+    persistent: bool
+    local: torch.Tensor | None
+    data: torch.Tensor
+    toucher: Callable[..., bool] | None
+
+    @property
+    def shard_offset(self) -> int: ...
 
 
 class ZeroParamStatus(Enum):
