@@ -6,7 +6,8 @@
   backward lands on a micro-step already reduced (a GAN's discriminator: real, then fake).
 * :class:`ShardedGradSync` (stage 2): each gradient is copied into a bucket-sized staging
   buffer and freed; a complete bucket is reduce-scattered (in layout order) and the rank's
-  chunk added to its accumulator. Staging buffers come from a bounded pool
+  chunk added to its accumulator (the first reduction since ``zero()`` sums and averages
+  straight into it: ``Collectives.reduce_scatter(out=, scale=)``). Staging buffers come from a bounded pool
   (:data:`MAX_STAGING_BUFFERS`).
 * :class:`UnitGradSync` (stage 3): the same, per module unit as soon as its gradients are
   in, and the unit released (:meth:`~zerorun.engine.mechanism.gather.GatherCoordinator.post_backward_bucket`).
