@@ -38,48 +38,24 @@ discipline, the NCCL policy on gloo: :mod:`zerorun.engine.comm.checks`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from zerorun.engine.comm import shm, trace
+from zerorun.engine.comm.backward_tls import outside_backward_tls
 from zerorun.engine.comm.bootstrap import group_backends, native_scatter, serving
 from zerorun.engine.comm.checks import check_device, check_modes, defer
 from zerorun.engine.comm.counter import CommCounter
 from zerorun.engine.comm.order_check import OrderCheck, order_check_for
 from zerorun.engine.comm.shm import SharedLane
+from zerorun.engine.comm.sums import land, sum_chunks
 from zerorun.engine.comm.work import Exchange, LaneWork, Pending
 
 _T = TypeVar("_T")  # all_gather_object: every rank's object, of the caller's type
-
-# torch's backward stashes a contextvars.Context in thread-local state under this key, and
-# every collective issued meanwhile (from a gradient hook) copies that state into its work.
-_BACKWARD_TLS_KEY = "context"
-_HAS_TLS_OBJECTS = hasattr(torch._C, "_is_key_in_tls")  # older torch keeps no such object
-
-
-@contextmanager
-def _outside_backward_tls() -> Iterator[None]:
-    """Issue a collective without the Python object backward keeps in thread-local state.
-
-    A gloo work that holds it needs the GIL to be freed, and gloo's worker thread frees a
-    finished work itself: when that happens while the interpreter is finalizing, the
-    rank aborts ("terminate called without an active exception", ~1 run in 20 of a
-    2-rank job that exits right after its last backward).
-    """
-    if not (_HAS_TLS_OBJECTS and torch._C._is_key_in_tls(_BACKWARD_TLS_KEY)):
-        yield
-        return
-    saved = torch._C._get_obj_in_tls(_BACKWARD_TLS_KEY)
-    torch._C._remove_obj_from_tls(_BACKWARD_TLS_KEY)
-    try:
-        yield
-    finally:
-        torch._C._stash_obj_in_tls(_BACKWARD_TLS_KEY, saved)
-
 
 # A collective is one opaque call to torch.compile (one graph break at its call site, in a
 # stage-3 gather): traced into, its thread-local check and async work break the graph twice.
@@ -92,18 +68,6 @@ _opaque_to_compile = torch._disable_dynamo
 # ones, same arguments; older torch has only the former
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _land(out: torch.Tensor, summed: torch.Tensor, scale: float) -> None:
-    """``out = summed * scale`` in one pass (``summed`` may be ``out``): the rounding of a copy, then ``mul_``."""
-    if scale == 1.0:
-        if summed is not out:
-            out.copy_(summed)
-    elif summed.dtype == out.dtype:
-        torch.mul(summed, scale, out=out)
-    else:
-        out.copy_(summed)
-        out.mul_(scale)
 
 
 def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> float:
@@ -199,7 +163,7 @@ class Collectives:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
         if tensor.device.type == self.device.type:
             self._check_device("a collective", tensor)
-            with _outside_backward_tls():
+            with outside_backward_tls():
                 work = fn(tensor)
             return Pending(work if async_op else None)
         if async_op:
@@ -235,7 +199,7 @@ class Collectives:
         self.counter.add("reduce_scatter", flat)
         if not self._live():
             if out is not None:
-                _land(out, self.shard_of(flat), scale)
+                land(out, self.shard_of(flat), scale)
             return Pending(None)
         record, start = self._issue("reduce_scatter", flat.numel(), flat.dtype)
         if async_op and "deferred" in self.checks:
@@ -263,7 +227,7 @@ class Collectives:
                     dist.P2POp(dist.irecv, buf, self._world_ranks[peer], self.group)]
         mine = self.shard_of(flat)
         target = mine if out is None else out
-        return self._exchange(ops, lambda: shm.sum_chunks(target, mine, received, scale), async_op)
+        return self._exchange(ops, lambda: sum_chunks(target, mine, received, scale), async_op)
 
     def _landed_out(self, pending: Pending, summed: torch.Tensor, out: torch.Tensor | None, scale: float,
                     async_op: bool) -> Pending:
@@ -273,9 +237,9 @@ class Collectives:
             return pending
         source = out if summed is out else self.shard_of(summed)
         if not async_op:  # complete already
-            _land(out, source, scale)
+            land(out, source, scale)
             return pending
-        return pending.then(lambda: _land(out, source, scale))
+        return pending.then(lambda: land(out, source, scale))
 
     @_opaque_to_compile
     def all_gather(self, flat: torch.Tensor, *, async_op: bool = False, label: str | None = None) -> Pending:
@@ -317,7 +281,7 @@ class Collectives:
         record, start = self._issue(counted_as, send.numel(), send.dtype)
         if self.native_reduce_scatter:
             self._check_device("all_to_all", send, recv)
-            with _outside_backward_tls():
+            with outside_backward_tls():
                 work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
             exchange = Exchange([work], finish)
             if not async_op:
@@ -404,7 +368,7 @@ class Collectives:
                 finish()
             return Pending(None)
         self._check_device("a point-to-point exchange", *(op.tensor for op in ops))
-        with _outside_backward_tls():
+        with outside_backward_tls():
             exchange = Exchange(dist.batch_isend_irecv(ops), finish)
         if async_op:
             return Pending(exchange)

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import torch
 
+from zerorun.engine.comm.sums import sum_chunks
 from zerorun.errors import ZerorunError
 
 SLOTS = 4
@@ -131,25 +132,6 @@ def segment_path(token: str, rank: int) -> Path:
 
 def segment_bytes(slot_bytes: int) -> int:
     return HEADER_BYTES + SLOTS * slot_bytes
-
-
-def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor], scale: float = 1.0) -> None:
-    """``out = (first + chunks[0] + ...) * scale``, added in that order (``out`` may be ``first``); a
-    16-bit sum of several chunks is taken in fp32 and rounded once, so every way of calling it rounds alike."""
-    if not chunks:
-        if out is not first:
-            out.copy_(first)
-    elif out.dtype == torch.float32 or len(chunks) == 1:
-        torch.add(first, chunks[0], out=out)  # the first add writes the output: no copy of ``first``
-        for c in chunks[1:]:
-            out.add_(c)
-    else:
-        total = first.float()
-        for c in chunks:
-            total.add_(c)
-        out.copy_(total)
-    if scale != 1.0:
-        out.mul_(scale)
 
 
 def _region(reader: int, poster: int) -> int:
