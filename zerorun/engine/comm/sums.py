@@ -27,7 +27,9 @@ def sum_chunks(out: torch.Tensor, first: torch.Tensor, chunks: list[torch.Tensor
 
 
 def land(out: torch.Tensor, summed: torch.Tensor, scale: float) -> None:
-    """``out = summed * scale`` in one pass (``summed`` may be ``out``): the rounding of a copy, then ``mul_``."""
+    """``out = summed * scale`` in one pass (``summed`` may be ``out``): the rounding of a copy, then ``mul_``.
+    A 16-bit ``summed`` is widened first, then scaled in ``out``'s dtype: ``torch.mul`` into an fp32 ``out``
+    would compute in bf16 (relative error 2^-9 at scale 1/3) and only then widen."""
     if scale == 1.0:
         if summed is not out:
             out.copy_(summed)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.comm.sums import land
 from zerorun.engine.mechanism.buckets import FlatBucket, zero_padding
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
@@ -59,31 +60,24 @@ class ShardAccumulator:
 
     def add(self, index: int, part: torch.Tensor, alpha: float = 1.0) -> None:
         """Add ``alpha * part`` (a reduced chunk) to bucket ``index``'s sum."""
-        acc = self.acc[index]
-        if acc is None:
-            acc = self.acc[index] = self._new(self.buckets[index])
+        acc = self._buffer(index)
         if self.fresh[index]:
-            if part.dtype == acc.dtype and alpha != 1.0:
-                torch.mul(part, alpha, out=acc)  # one pass, the same rounding as copy then mul_
-            else:  # cast, then scale in fp32, as the later add_ does: torch.mul(part, alpha, out=acc)
-                # would compute in part's dtype (bf16: relative error 2^-9 at alpha 1/3) and only then widen
-                acc.copy_(part)
-                if alpha != 1.0:
-                    acc.mul_(alpha)
+            land(acc, part, alpha)  # cast, then scale in the sum's dtype, as the later add_ does
             self.fresh[index] = False
         else:
             acc.add_(part, alpha=alpha)
+
+    def _buffer(self, index: int) -> torch.Tensor:
+        acc = self.acc[index]
+        if acc is None:
+            acc = self.acc[index] = self._new(self.buckets[index])
+        return acc
 
     def fresh_target(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
         """Bucket ``index``'s sum buffer when the next addition overwrites it and a ``dtype`` reduction can
         write there itself (a reduce-scatter's ``out``, scaled as :meth:`add` scales: no copy of the reduced
         chunk); then :meth:`landed`."""
-        if not self.fresh[index] or dtype != self.dtype:
-            return None
-        acc = self.acc[index]
-        if acc is None:
-            acc = self.acc[index] = self._new(self.buckets[index])
-        return acc
+        return self._buffer(index) if self.fresh[index] and dtype == self.dtype else None
 
     def landed(self, index: int) -> None:
         """A reduction wrote bucket ``index``'s scaled chunk into :meth:`fresh_target`'s buffer."""
