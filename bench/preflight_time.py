@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 from launcher.args import parse_args
+from launcher.doctor.preflight import network_preflight, preflight, ssh_check
 from launcher.main import make_plan, resolve_nodes, ssh_options
-from launcher.preflight import network_preflight, preflight, ssh_check
 
 
 def _median(fn: Callable[[], object], repeats: int) -> float:

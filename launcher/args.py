@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.elastic import add_elastic_options
+from launcher.elastic.supervisor import add_elastic_options
 from launcher.errors import LaunchError
-from launcher.hostnames import MAX_RANKS, bounded_range
 from launcher.parser import LauncherParser
-from launcher.runners import RunnerKind
-from launcher.threads import threads_per_rank_arg
-from launcher.watch_args import add_watch_options
+from launcher.plan.hostnames import MAX_RANKS, bounded_range
+from launcher.plan.runners import RunnerKind
+from launcher.plan.threads import threads_per_rank_arg
+from launcher.watch.watch_args import add_watch_options
 
 EXAMPLES = """\
 Examples:
@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="print the rank table and the per-node commands, run nothing")
     o.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
-    add_elastic_options(p.add_argument_group("elastic runs"))  # --nnodes MIN:MAX, --rejoin (launcher.elastic)
-    add_watch_options(o)  # live view, stall diagnosis, stragglers (launcher.watch_args)
+    add_elastic_options(p.add_argument_group("elastic runs"))  # --nnodes MIN:MAX, --rejoin (launcher.elastic.supervisor)
+    add_watch_options(o)  # live view, stall diagnosis, stragglers (launcher.watch.watch_args)
     p.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m, or program with --no_python)")
     p.add_argument("script_args", nargs="*", metavar="ARGS", help="the script's own arguments, passed untouched")
     return p

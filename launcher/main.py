@@ -15,27 +15,27 @@ import socket
 import sys
 from pathlib import Path
 
-from launcher.affinity import available_cores, core_share
-from launcher.allocation import allocation_hosts
 from launcher.args import parse_args, parse_rank_list
-from launcher.devices import gpu_count, local_gpus, visible_devices
-from launcher.display import dump_json, plan_json, plan_text
-from launcher.elastic import ElasticRun, checked_start, node_range, world_check
-from launcher.elastic import start as start_membership
-from launcher.envpolicy import collect_env, default_env_files
+from launcher.doctor.preflight import preflight
+from launcher.elastic.restarts import RestartPolicy, run_with_restarts
+from launcher.elastic.supervisor import ElasticRun, checked_start, node_range, world_check
+from launcher.elastic.supervisor import start as start_membership
 from launcher.errors import FilterError, LaunchError
-from launcher.filters import NodeSlots, check_exclusive, limit, select
-from launcher.hostfile import Host, find_hosts
-from launcher.ifname import with_ifnames
-from launcher.master import plan_master
-from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
-from launcher.preflight import preflight
-from launcher.protocol import new_key
-from launcher.restarts import RestartPolicy, run_with_restarts
-from launcher.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
+from launcher.plan.affinity import available_cores, core_share
+from launcher.plan.allocation import allocation_hosts
+from launcher.plan.devices import gpu_count, local_gpus, visible_devices
+from launcher.plan.envpolicy import collect_env, default_env_files
+from launcher.plan.filters import NodeSlots, check_exclusive, limit, select
+from launcher.plan.hostfile import Host, find_hosts
+from launcher.plan.ifname import with_ifnames
+from launcher.plan.launch_plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
+from launcher.plan.master import plan_master
+from launcher.plan.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
+from launcher.plan.threads import say_threads
+from launcher.run.protocol import new_key
 from launcher.script_path import missing_script
-from launcher.threads import say_threads
-from launcher.watch_args import watch_factory
+from launcher.watch.display import dump_json, plan_json, plan_text
+from launcher.watch.watch_args import watch_factory
 from zerorun.compat import ENV_VAR as COMPAT_ENV
 
 _BINARIES = {RunnerKind.SSH: "ssh", RunnerKind.PDSH: "pdsh", RunnerKind.SLURM: "srun", RunnerKind.OPENMPI: "mpirun"}

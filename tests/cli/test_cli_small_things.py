@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.report import Failure, format_report
+from launcher.watch.report import Failure, format_report
 from zerorun.config import ConfigWarning, load_config
 from zerorun.engine.metrics import format_memory
 from zerorun.estimate import CountError, GiB, parse_gpu_memory

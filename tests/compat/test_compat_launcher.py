@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from launcher_conftest import zerorun_argv
 
-from launcher import shim as shim_module
-from launcher.affinity import core_share, parse_core_list
 from launcher.args import parse_args
 from launcher.errors import LaunchError
-from launcher.filters import select
-from launcher.hostfile import Host
-from launcher.plan import build_plan, rank_argv
+from launcher.plan.affinity import core_share, parse_core_list
+from launcher.plan.filters import select
+from launcher.plan.hostfile import Host
+from launcher.plan.launch_plan import build_plan, rank_argv
+from launcher.run import shim as shim_module
 
 PROBE = """\
 import json, os, sys
@@ -112,7 +112,7 @@ def test_master_addr_and_port_spellings() -> None:
 
 
 def test_plan_with_the_new_fields_round_trips_through_json() -> None:
-    from launcher.plan import AgentOptions, LaunchPlan
+    from launcher.plan.launch_plan import AgentOptions, LaunchPlan
 
     plan = build_plan(select((Host("localhost", 2),)), command=["py", "-u", "t.py", "--x"], job_id="j", cwd="/w",
                       python="py", local=True, pass_local_rank=True, args_start=3,

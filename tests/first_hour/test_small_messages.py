@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.output import OutputSink
-from launcher.report import Failure, format_report
+from launcher.run.output import OutputSink
 from launcher.script_path import missing_script
+from launcher.watch.report import Failure, format_report
 from zerorun.cli import main
 from zerorun.engine.api import resolve_config_source
 from zerorun.engine.errors import EngineError

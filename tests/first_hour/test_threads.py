@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LaunchError
-from launcher.threads import threads_for, threads_per_rank_arg
+from launcher.plan.threads import threads_for, threads_per_rank_arg
 
 PROBE = "import os\nprint('threads', os.environ.get('OMP_NUM_THREADS'))\n"
 CORES = len(os.sched_getaffinity(0))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.once import OnceFilter
-from launcher.report import Failure, format_report
+from launcher.run.once import OnceFilter
+from launcher.watch.report import Failure, format_report
 from zerorun.engine.comm.shm import PeerLost
 from zerorun.errors import ZerorunError
 from zerorun.rank_errors import _Hook

@@ -1,4 +1,4 @@
-"""launcher/doctor.py, doctor_checks.py and `zerorun doctor`: every failure class with its
+"""launcher/doctor/hosts.py, doctor_checks.py and `zerorun doctor`: every failure class with its
 fix on synthetic probe answers, and real checks of this machine through the local runner
 (a free port, a port in use, the whole command under 5 s)."""
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from launcher.doctor import check_hosts
-from launcher.doctor_checks import (
+from launcher.doctor.hosts import check_hosts
+from launcher.doctor.verdicts import (
     Problem,
     ifname_matches,
     limit_findings,
@@ -24,10 +24,10 @@ from launcher.doctor_checks import (
     suggest_ifname,
     version_findings,
 )
-from launcher.filters import select
-from launcher.hostfile import Host
-from launcher.plan import build_plan
-from launcher.runners import RunnerKind
+from launcher.plan.filters import select
+from launcher.plan.hostfile import Host
+from launcher.plan.launch_plan import build_plan
+from launcher.plan.runners import RunnerKind
 
 FACTS: dict[str, Any] = {
     "cwd_ok": True,
@@ -152,7 +152,7 @@ def test_doctor_command_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_the_collective_launch_is_judged() -> None:
-    from launcher.collective_check import CollectiveReport, judge
+    from launcher.doctor.collective import CollectiveReport, judge
 
     hosts = ["a", "b"]
     ok = '[a:0] zerorun-doctor-collective {"world": 2, "gloo_ok": true, "gloo_seconds": 0.001, "links": []}\n'
@@ -174,7 +174,7 @@ def test_the_collective_launch_is_judged() -> None:
 def test_the_link_matrix_and_the_slowest_link_are_shown() -> None:
     from rich.console import Console
 
-    from launcher.collective_check import CollectiveReport
+    from launcher.doctor.collective import CollectiveReport
     from zerorun.commands.doctor import show_collective
 
     links = ({"a": "a", "b": "b", "latency_us": 50.0, "bytes_per_s": 2e9},
@@ -188,7 +188,7 @@ def test_the_link_matrix_and_the_slowest_link_are_shown() -> None:
 
 
 def test_disks_the_job_writes() -> None:
-    from launcher.doctor_checks import disk_findings
+    from launcher.doctor.verdicts import disk_findings
 
     def facts(**d: Any) -> dict[str, Any]:
         return {"disks": {"save dir": {"path": "/ckpt", "exists": True, "checked": "/ckpt", "writable": True,
@@ -220,7 +220,7 @@ def test_doctor_checks_the_save_dir_and_the_configs_nvme_path(tmp_path: Path, mo
 
 
 def test_the_probe_finds_nccls_wheel_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.probe_script import nccl_wheel
+    from launcher.doctor.probe_script import nccl_wheel
 
     info = tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info"
     info.mkdir()
@@ -232,7 +232,7 @@ def test_the_probe_finds_nccls_wheel_by_name(tmp_path: Path, monkeypatch: pytest
 def test_a_collective_launch_past_its_time_is_stopped() -> None:
     import sys
 
-    from launcher.collective_check import _run
+    from launcher.doctor.collective import _run
 
     start = time.monotonic()
     code, out, _ = _run([sys.executable, "-c", "import time; print('[a:0] started', flush=True); time.sleep(30)"], 1.5)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 import time
 
-from launcher.affinity import parse_core_list
 from launcher.args import parse_rank_list
 from launcher.errors import LaunchError
-from launcher.filters import select
-from launcher.hostfile import parse_hostfile
-from launcher.hostnames import MAX_SLOTS
+from launcher.plan.affinity import parse_core_list
+from launcher.plan.filters import select
+from launcher.plan.hostfile import parse_hostfile
+from launcher.plan.hostnames import MAX_SLOTS
 
 N = 3000
 PIECES = ["w1", "w2", "node-3.example", "10.0.0.1", "[fe80::1]", "[::1%lo]", "bob@w1", "-Fevil", "@", ":", ",", "-",

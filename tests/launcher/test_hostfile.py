@@ -1,4 +1,4 @@
-"""launcher/hostfile.py: DeepSpeed's hostfile format, and every error with file:line."""
+"""launcher/plan/hostfile.py: DeepSpeed's hostfile format, and every error with file:line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import HostfileError
-from launcher.hostfile import Host, find_hosts, parse_hostfile, read_hostfile
+from launcher.plan.hostfile import Host, find_hosts, parse_hostfile, read_hostfile
 
 
 def test_parses_comments_blanks_users_ipv6_in_file_order() -> None:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from launcher_conftest import zerorun_argv
 
-from launcher.affinity import parse_core_list
 from launcher.args import parse_rank_list
+from launcher.doctor.preflight import TAG, check_argv
 from launcher.errors import FilterError, HostfileError, LaunchError
-from launcher.filters import parse_filter, select
-from launcher.hostfile import Host, parse_hostfile
-from launcher.plan import build_plan
-from launcher.preflight import TAG, check_argv
-from launcher.runners import RunnerKind, SshOptions, build_commands
+from launcher.plan.affinity import parse_core_list
+from launcher.plan.filters import parse_filter, select
+from launcher.plan.hostfile import Host, parse_hostfile
+from launcher.plan.launch_plan import build_plan
+from launcher.plan.runners import RunnerKind, SshOptions, build_commands
 
 EVIL_HOSTS = ["-Fevil", "-Jjump", "-Elog", "-oProxyCommand=sh", "bob@-F", "-bob@w1", "a;b", "$(id)", "w`id`",
               "[not:an:ipv6:at:all:x:y:z]", "[-F]", "999.1.1.1", "-", "w1..w2", "w1-", "x" * 300]

@@ -1,12 +1,12 @@
-"""launcher/ifname.py: each node's routing interface exported to its own ranks, only for the
+"""launcher/plan/ifname.py: each node's routing interface exported to its own ranks, only for the
 variables nobody set, and carried by the plan's JSON to the agents."""
 
 from __future__ import annotations
 
-from launcher.filters import select
-from launcher.hostfile import Host
-from launcher.ifname import describe, export_ifnames, node_ifnames, unset_vars, with_ifnames
-from launcher.plan import LaunchPlan, build_plan, rank_env
+from launcher.plan.filters import select
+from launcher.plan.hostfile import Host
+from launcher.plan.ifname import describe, export_ifnames, node_ifnames, unset_vars, with_ifnames
+from launcher.plan.launch_plan import LaunchPlan, build_plan, rank_env
 
 
 def _plan(env: dict[str, str] | None = None) -> LaunchPlan:

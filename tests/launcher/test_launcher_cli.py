@@ -71,7 +71,7 @@ def test_dry_run_json_and_text(tmp_path: Path) -> None:
                   {"host": "n2", "node_rank": 1, "slots": [0], "devices": ["0"], "ranks": [2]}],
     }
     assert [c[:2] + c[-2:-1] for c in data["commands"]] == [["ssh", "-T", "n1"], ["ssh", "-T", "n2"]]
-    assert data["commands"][1][-1].endswith("launcher.agent --node_rank 1")
+    assert data["commands"][1][-1].endswith("launcher.run.agent --node_rank 1")
     assert "HF_TOKEN" in data["exported_env"] and "hf_s3cret_value" not in out.stdout
     text = run("-H", "hosts", "--launcher", "pdsh", "--dry-run", "t.py", cwd=tmp_path)
     assert text.returncode == 0, text.stderr

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.devices import local_gpus, visible_devices
-from launcher.filters import NodeSlots
-from launcher.hostfile import Host
-from launcher.plan import LaunchPlan, build_plan, rank_env
+from launcher.plan.devices import local_gpus, visible_devices
+from launcher.plan.filters import NodeSlots
+from launcher.plan.hostfile import Host
+from launcher.plan.launch_plan import LaunchPlan, build_plan, rank_env
 
 
 @pytest.mark.parametrize(("value", "ids"), [

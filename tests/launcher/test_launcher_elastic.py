@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from launcher_conftest import NODES, SCRIPTS, THIRD, SshServer, sshd, zerorun_argv  # noqa: F401
 
-from launcher.filters import NodeSlots
-from launcher.hostfile import Host
-from launcher.membership import Membership, NodeRange, change_line, parse_nnodes
+from launcher.elastic.membership import Membership, NodeRange, change_line, parse_nnodes
+from launcher.plan.filters import NodeSlots
+from launcher.plan.hostfile import Host
 
 
 def _records(log: Path) -> list[dict]:
@@ -169,7 +169,7 @@ def test_nnodes_spellings_and_bad_ranges() -> None:
 
 
 def test_the_valid_worlds_are_the_configs_that_keep_their_global_batch(tmp_path: Path) -> None:
-    from launcher.elastic import world_check
+    from launcher.elastic.supervisor import world_check
 
     fixed = tmp_path / "fixed.json"
     fixed.write_text(json.dumps({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4}))

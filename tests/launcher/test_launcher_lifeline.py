@@ -1,4 +1,4 @@
-"""launcher/lifeline.py: a child started with ``die_with_parent`` does not outlive a SIGKILLed parent
+"""launcher/run/lifeline.py: a child started with ``die_with_parent`` does not outlive a SIGKILLed parent
 (what keeps a rank from outliving its shim, and srun/mpirun from outliving the launcher)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from launcher_conftest import alive, wait_gone
 
 PARENT = """
 import signal, subprocess, sys
-from launcher.lifeline import die_with_parent
+from launcher.run.lifeline import die_with_parent
 armed = sys.argv[1] == "armed"
 child = subprocess.Popen(["sleep", "60"], preexec_fn=die_with_parent(signal.SIGKILL) if armed else None)
 print(child.pid, flush=True)

@@ -19,9 +19,9 @@ import pytest
 import torch
 from launcher_conftest import SCRIPTS, zerorun_argv
 
+from launcher.elastic.restarts import RestartPolicy, restart_note
 from launcher.errors import LaunchError
-from launcher.report import Failure
-from launcher.restarts import RestartPolicy, restart_note
+from launcher.watch.report import Failure
 
 
 def _train(tmp: Path, launcher: tuple[str, ...] = (), script: tuple[str, ...] = ()) -> subprocess.Popen[str]:

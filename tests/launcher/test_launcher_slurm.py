@@ -124,9 +124,9 @@ def test_doctor_probes_each_node_as_a_step_of_the_allocation(slurm: SlurmCluster
 
 
 def test_allocation_is_the_hostfile() -> None:
-    from launcher.allocation import allocation_hosts, tasks_per_node
     from launcher.errors import LaunchError
-    from launcher.hostfile import Host
+    from launcher.plan.allocation import allocation_hosts, tasks_per_node
+    from launcher.plan.hostfile import Host
 
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from launcher_conftest import SCRIPTS, zerorun_argv
 
-from launcher.stall import STALL_EXIT
+from launcher.watch.stall import STALL_EXIT
 
 SCRIPT = str(SCRIPTS / "stall_cases.py")
 STALL_S = 3

@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from launcher.heartbeat_relay import checked_beat
-from launcher.heartbeats import Board
-from launcher.liveview import plain_line, table
-from launcher.protocol import Command, Event
-from launcher.runners import PayloadMode
-from launcher.stall import STALL_EXIT, RankPlace, StallPolicy, parse_stacks, rank_list, verdict
-from launcher.stragglers import StragglerTracker
-from launcher.summary import summary
-from launcher.watch import RunWatch, WatchOptions
+from launcher.plan.runners import PayloadMode
+from launcher.run.protocol import Command, Event
+from launcher.watch.heartbeat_relay import checked_beat
+from launcher.watch.heartbeats import Board
+from launcher.watch.liveview import plain_line, table
+from launcher.watch.stall import STALL_EXIT, RankPlace, StallPolicy, parse_stacks, rank_list, verdict
+from launcher.watch.stragglers import StragglerTracker
+from launcher.watch.summary import summary
+from launcher.watch.watcher import RunWatch, WatchOptions
 
 
 def _board() -> Board:

@@ -1,4 +1,4 @@
-"""launcher/master.py: a loopback master with a remote node is never planned. A loopback
+"""launcher/plan/master.py: a loopback master with a remote node is never planned. A loopback
 first node is replaced by this machine's routable address (said in one line); an explicit
 loopback --master_addr with a remote node is refused, naming the fix, before any rank starts."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LaunchError
-from launcher.filters import select
-from launcher.hostfile import parse_hostfile
-from launcher.master import is_loopback, routable_master
-from launcher.plan import build_plan
+from launcher.plan.filters import select
+from launcher.plan.hostfile import parse_hostfile
+from launcher.plan.launch_plan import build_plan
+from launcher.plan.master import is_loopback, routable_master
 
 MIXED = select(parse_hostfile("localhost slots=2\nnode-b slots=2\n", "hf"))
 
@@ -51,8 +51,8 @@ def test_explicit_loopback_master_with_a_remote_node_is_refused(addr: str) -> No
 
 def test_launch_plans_a_routable_master_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from launcher import master
     from launcher.main import main
+    from launcher.plan.launch_plan import master
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(master, "source_address", lambda to: "10.77.0.1")  # no route lookup in the test

@@ -1,4 +1,4 @@
-"""launcher/filters.py and launcher/plan.py: the include/exclude grammar, the node and
+"""launcher/plan/filters.py and launcher/plan/launch_plan.py: the include/exclude grammar, the node and
 slot limits (every error with its message), and the rank layout and env of a plan."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from launcher.errors import FilterError
-from launcher.filters import NodeSlots, check_exclusive, limit, parse_filter, select
-from launcher.hostfile import Host, parse_hostfile
-from launcher.plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, rank_argv, rank_env
+from launcher.plan.filters import NodeSlots, check_exclusive, limit, parse_filter, select
+from launcher.plan.hostfile import Host, parse_hostfile
+from launcher.plan.launch_plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, rank_argv, rank_env
 
 HOSTS = parse_hostfile("w0 slots=4\nbob@w1 slots=2\n[fe80::1] slots=4\n", "hf")
 

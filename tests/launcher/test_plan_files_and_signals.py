@@ -1,4 +1,4 @@
-"""launcher/planfile.py and the executor's signal path: plan files no one else can plant
+"""launcher/run/planfile.py and the executor's signal path: plan files no one else can plant
 or read (0600 in 0700 folders whatever the umask, O_EXCL|O_NOFOLLOW, checked by the
 agent), a fresh job id and key per attempt, signal handlers that only queue, and no
 node started once a signal has arrived."""
@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent import Agent
+from launcher.elastic.restarts import RestartPolicy, run_with_restarts
 from launcher.errors import LaunchError
-from launcher.executor import Executor
-from launcher.filters import NodeSlots
-from launcher.hostfile import Host
-from launcher.plan import build_plan
-from launcher.planfile import read_plan_file, write_plan_file
-from launcher.restarts import RestartPolicy, run_with_restarts
-from launcher.runners import NodeCommand, PayloadMode
+from launcher.plan.filters import NodeSlots
+from launcher.plan.hostfile import Host
+from launcher.plan.launch_plan import build_plan
+from launcher.plan.runners import NodeCommand, PayloadMode
+from launcher.run.agent import Agent
+from launcher.run.executor import Executor
+from launcher.run.planfile import read_plan_file, write_plan_file
 
 
 def _mode(path: Path) -> int:

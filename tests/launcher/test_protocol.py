@@ -1,4 +1,4 @@
-"""launcher/protocol.py and the executor's side of it: rank output cannot forge an agent
+"""launcher/run/protocol.py and the executor's side of it: rank output cannot forge an agent
 event (a forged event of each kind is shown as text, kills nothing, crashes nothing),
 and every field of a keyed event is checked, a bad one logged, never raised."""
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from launcher_conftest import SCRIPTS, alive, wait_gone, zerorun_argv
 
-from launcher.executor import Executor
-from launcher.filters import NodeSlots
-from launcher.hostfile import Host
-from launcher.plan import build_plan
-from launcher.protocol import EVENTS, MARKER, BadEvent, decode_event, encode_event, new_key, validate
-from launcher.runners import NodeCommand, PayloadMode
+from launcher.plan.filters import NodeSlots
+from launcher.plan.hostfile import Host
+from launcher.plan.launch_plan import build_plan
+from launcher.plan.runners import NodeCommand, PayloadMode
+from launcher.run.executor import Executor
+from launcher.run.protocol import EVENTS, MARKER, BadEvent, decode_event, encode_event, new_key, validate
 
 KEY = "k" * 32
 GOOD = {
@@ -123,7 +123,7 @@ def test_keyed_events_with_foreign_pids_or_nodes_kill_nothing(tmp_path: Path) ->
 
 
 def test_a_new_kind_is_one_entry_and_one_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.protocol import Field, small_json
+    from launcher.run.protocol import Field, small_json
 
     monkeypatch.setitem(EVENTS, "roll_call", {"rank": EVENTS["failed"]["rank"], "payload": Field(small_json)})
     executor, err, _ = _agent_impostor(tmp_path, """
@@ -158,7 +158,7 @@ def test_the_shim_keeps_the_key_from_its_rank_and_signs_its_report() -> None:
     env = {**os.environ, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "ZERORUN_NODES": "h:2", "ZERORUN_CHANNEL_KEY": KEY}
     rank = "import os, sys; print('key' if 'ZERORUN_CHANNEL_KEY' in os.environ else 'no key'); sys.exit(4)"
-    out = subprocess.run([sys.executable, "-m", "launcher.shim", "--", sys.executable, "-c", rank], env=env,
+    out = subprocess.run([sys.executable, "-m", "launcher.run.shim", "--", sys.executable, "-c", rank], env=env,
                          capture_output=True, text=True, timeout=30)
     lines = out.stdout.splitlines()
     assert out.returncode == 4 and lines[0] == "[h:1] no key", out.stderr
@@ -167,8 +167,8 @@ def test_the_shim_keeps_the_key_from_its_rank_and_signs_its_report() -> None:
 
 
 def test_the_dry_run_never_shows_the_key() -> None:
-    from launcher.display import command_line, plan_json, plan_text
-    from launcher.runners import RunnerKind, build_commands
+    from launcher.plan.runners import RunnerKind, build_commands
+    from launcher.watch.display import command_line, plan_json, plan_text
 
     plan = build_plan((NodeSlots(Host("w1", 2), (0, 1)),), command=("x",), job_id="j", cwd="/w", python="p",
                       channel_key=new_key())

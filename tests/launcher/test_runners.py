@@ -1,4 +1,4 @@
-"""launcher/runners.py, envpolicy.py, shim.py, preflight.py: exact argv of every runner,
+"""launcher/plan/runners.py, envpolicy.py, shim.py, preflight.py: exact argv of every runner,
 quoting round trips through a real shell, env-file parsing, the srun/mpirun rank map."""
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from launcher.envpolicy import (
+from launcher.doctor.preflight import TAG, HostCheck, check_argv, judge
+from launcher.errors import EnvFileError, LaunchError
+from launcher.plan.envpolicy import (
     collect_env,
     default_env_files,
     parse_env_file,
     parse_env_items,
     select_exported,
 )
-from launcher.errors import EnvFileError, LaunchError
-from launcher.filters import select
-from launcher.hostfile import parse_hostfile
-from launcher.plan import LaunchPlan, build_plan
-from launcher.preflight import TAG, HostCheck, check_argv, judge
-from launcher.runners import (
+from launcher.plan.filters import select
+from launcher.plan.hostfile import parse_hostfile
+from launcher.plan.launch_plan import LaunchPlan, build_plan
+from launcher.plan.runners import (
     PayloadMode,
     RunnerKind,
     SshOptions,
@@ -31,7 +31,7 @@ from launcher.runners import (
     check_mpirun_as_root,
     remote_shell_command,
 )
-from launcher.shim import host_name, rank_vars
+from launcher.run.shim import host_name, rank_vars
 
 TRICKY = ["a b", "it's", 'say "hi"', "$HOME", "`id`", "100%", "%h", "x;y", "", "new\nline", "--lr=1e-3"]
 
@@ -47,7 +47,7 @@ SSH = SshOptions(port=2222, args=("-F", "my conf", "-i", "key"))
 def test_local_runner_argv() -> None:
     plan = _plan("localhost slots=2\n")
     [cmd] = build_commands(plan, RunnerKind.LOCAL)
-    assert cmd.argv == ("/py", "-u", "-m", "launcher.agent", "--node_rank", "0")
+    assert cmd.argv == ("/py", "-u", "-m", "launcher.run.agent", "--node_rank", "0")
     assert cmd.payload is PayloadMode.STDIN
     with pytest.raises(LaunchError, match="--launcher local runs one node, the plan has 2"):
         build_commands(_plan(), RunnerKind.LOCAL)
@@ -57,9 +57,9 @@ def test_ssh_runner_argv_has_explicit_node_rank_and_no_values() -> None:
     cmds = build_commands(_plan(), RunnerKind.SSH, SSH)
     assert [c.argv for c in cmds] == [
         ("ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", "2222", "-F", "my conf", "-i", "key",
-         "--", "n1", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 0"),
+         "--", "n1", "cd '/work dir' && exec /py -u -m launcher.run.agent --node_rank 0"),
         ("ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", "2222", "-F", "my conf", "-i", "key",
-         "--", "u@n2", "cd '/work dir' && exec /py -u -m launcher.agent --node_rank 1"),
+         "--", "u@n2", "cd '/work dir' && exec /py -u -m launcher.run.agent --node_rank 1"),
     ]
     assert all(c.payload is PayloadMode.STDIN for c in cmds)
     assert "s3cret" not in json.dumps([c.argv for c in cmds])
@@ -69,7 +69,7 @@ def test_pdsh_runner_argv_env_and_payload_files() -> None:
     cmds = build_commands(_plan(cwd="/w/100%"), RunnerKind.PDSH, SSH, payload_dir="/w/.zerorun/J", launcher_args=("-u", "30"))
     assert cmds[1].argv == (
         "pdsh", "-S", "-N", "-R", "ssh", "-f", "1", "-u", "30", "-w", "u@n2",
-        "cd /w/100%% && exec /py -u -m launcher.agent --node_rank 1 --payload /w/.zerorun/J/node1.json",
+        "cd /w/100%% && exec /py -u -m launcher.run.agent --node_rank 1 --payload /w/.zerorun/J/node1.json",
     )
     assert cmds[1].payload is PayloadMode.FILE and cmds[1].payload_path == "/w/.zerorun/J/node1.json"
     assert dict(cmds[0].env) == {
@@ -82,7 +82,7 @@ def test_slurm_runner_argv() -> None:
     [cmd] = build_commands(_plan(pass_local_rank=True), RunnerKind.SLURM, launcher_args=("--partition", "gpu"))
     assert cmd.argv == (
         "srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--nodelist=n1,n2",
-        "--export=ALL", "--partition", "gpu", "/py", "-u", "-m", "launcher.shim", "--pass_local_rank", "--",
+        "--export=ALL", "--partition", "gpu", "/py", "-u", "-m", "launcher.run.shim", "--pass_local_rank", "--",
         "/py", "-u", "t.py", "--x", "1",
     )
     env = dict(cmd.env)
@@ -98,7 +98,7 @@ def test_openmpi_runner_exports_names_not_values() -> None:
         "--mca", "plm_rsh_args", "-o BatchMode=yes -o ConnectTimeout=10 -p 2222 -F my conf -i key",
         "-x", "HF_TOKEN", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONUNBUFFERED", "-x", "ZERORUN_CHANNEL_KEY", "-x", "ZERORUN_JOB_ID",
         "-x", "ZERORUN_KILL_TIMEOUT", "-x", "ZERORUN_NODES",
-        "/py", "-u", "-m", "launcher.shim", "--", "/py", "-u", "t.py", "--x", "1",
+        "/py", "-u", "-m", "launcher.run.shim", "--", "/py", "-u", "t.py", "--x", "1",
     )
     env = dict(cmd.env)
     assert "s3cret" not in cmd.argv and env["HF_TOKEN"] == "s3cret"

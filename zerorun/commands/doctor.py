@@ -8,7 +8,7 @@ Usage:
   zerorun doctor -H hostfile --config ds.json --save-dir ckpt   # + the disks the job writes
 
 The hosts, the master and the runner are chosen exactly as the launch chooses them
-(launcher/main.py); the checks are launcher/doctor.py's. Exit status 0 only when a
+(launcher/main.py); the checks are launcher/doctor/hosts.py's. Exit status 0 only when a
 launch would work (warnings allowed), 1 otherwise.
 """
 
@@ -25,8 +25,8 @@ from rich.table import Table
 from zerorun.commands.options import Json
 
 if TYPE_CHECKING:  # the launcher is imported when the command runs, not when the CLI starts
-    from launcher.collective_check import CollectiveReport
-    from launcher.doctor import DoctorReport, HostReport
+    from launcher.doctor.collective import CollectiveReport
+    from launcher.doctor.hosts import DoctorReport, HostReport
 
 Hostfile = Annotated[str | None, typer.Option("--hostfile", "-H", help="DeepSpeed-style hostfile (default: this machine).")]
 Include = Annotated[str | None, typer.Option("--include", "-i", help="Only these hosts/slots, e.g. 'w1@w2:0,1'.")]
@@ -80,8 +80,8 @@ def run_doctor(argv: list[str], collective: bool | None = False, save_dir: str |
     import dataclasses
 
     from launcher.args import parse_args
-    from launcher.collective_check import run_collective, skipped
-    from launcher.doctor import check_hosts
+    from launcher.doctor.collective import run_collective, skipped
+    from launcher.doctor.hosts import check_hosts
     from launcher.main import choose_runner, make_plan, resolve_nodes, ssh_options
 
     ns = parse_args(argv)

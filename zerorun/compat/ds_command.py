@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from launcher.errors import LaunchError
-from launcher.hostfile import find_hosts
+from launcher.plan.hostfile import find_hosts
 from zerorun.compat.ds_resources import parse_range_list
 
 DLTS_HOSTFILE = "/job/hostfile"

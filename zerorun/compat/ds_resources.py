@@ -4,9 +4,9 @@ DeepSpeed's launcher helpers speak in dicts, ``{host: slot_count}`` for a hostfi
 ``{host: [slot, ...]}`` for the resources a filter leaves, and raise ``ValueError`` for
 every bad input. Tools and tests call them by these names, so they keep that contract;
 the grammar of an ``--include``/``--exclude`` string is zerorun's own parser
-(:func:`launcher.filters.parse_filter`, DeepSpeed's grammar plus slot ranges), whose
-errors become ``ValueError`` here. zerorun's launcher itself uses :mod:`launcher.hostfile`
-and :mod:`launcher.filters` (typed hosts, ``file:line`` errors); these are the shim.
+(:func:`launcher.plan.filters.parse_filter`, DeepSpeed's grammar plus slot ranges), whose
+errors become ``ValueError`` here. zerorun's launcher itself uses :mod:`launcher.plan.hostfile`
+and :mod:`launcher.plan.filters` (typed hosts, ``file:line`` errors); these are the shim.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
 from launcher.errors import FilterError
-from launcher.filters import parse_filter
+from launcher.plan.filters import parse_filter
 
 _HOST_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")
 

@@ -2,7 +2,7 @@
 
 DeepSpeed's concrete runners (PDSH, OpenMPI, MPICH, Intel MPI, MVAPICH, Slurm) build command
 lines for DeepSpeed's own per-node launcher (``deepspeed.launcher.launch``); zerorun's
-runners (:mod:`launcher.runners`) take their place, so those names import and refuse on
+runners (:mod:`launcher.plan.runners`) take their place, so those names import and refuse on
 use. The base class keeps DeepSpeed's contract (``args``, ``world_info_base64``,
 ``exports``, ``add_export``'s quoting) for code that derives from it.
 """

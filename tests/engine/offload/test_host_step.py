@@ -127,7 +127,7 @@ def test_the_step_takes_the_nodes_cores_over_its_local_ranks() -> None:
 @pytest.mark.parametrize(("cores", "local_ranks"), [(2, 1), (2, 2), (2, 4), (16, 3), (64, 8), (96, 7)])
 def test_the_step_agrees_with_the_launchers_thread_share(cores: int, local_ranks: int) -> None:
     """Under zerorun (OMP_NUM_THREADS unset: the launcher gives each rank its share) the step keeps that share."""
-    from launcher.threads import threads_for
+    from launcher.plan.threads import threads_for
 
     share = threads_for({}, None, local_ranks, cores)
     assert share is not None

@@ -1,0 +1,1 @@
+"""Host checks before a launch: the probes, their verdicts, the real collective and the ssh preflight."""

@@ -1,0 +1,1 @@
+"""Elastic runs: which nodes run the next attempt, and restarts of the whole gang."""

@@ -1,0 +1,1 @@
+"""Watching a run: heartbeats, stalls, stragglers, the live view, the dry-run display and the reports."""
