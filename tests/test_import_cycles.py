@@ -8,8 +8,8 @@ submodule ``a.b`` when there is one (the package's ``__init__`` only passes it o
 from each module under it.
 
 The launcher is a few rooms (plan, run, watch, doctor, elastic): each a folder with a one-line
-docstring in ``__init__.py`` saying what it owns, ``launcher/`` itself holding at most 12 files,
-and the rooms import one another only downwards (``ROOMS_BELOW``; docs/design.md draws it).
+docstring in ``__init__.py`` saying what it owns, ``launcher/`` itself holding at most 12 files
+(none over 400 lines), and the rooms import one another only downwards (``ROOMS_BELOW``; docs/design.md draws it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_layering import imports_of
+from tests.test_layering import FILE_LINES, imports_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("zerorun", "launcher", "bench")
@@ -146,6 +146,8 @@ def test_the_launcher_holds_a_few_files_and_rooms() -> None:
     assert len(files) <= LAUNCHER_FILES, f"launcher/ holds {len(files)} files (at most {LAUNCHER_FILES}): {files}"
     rooms = sorted(p.parent.name for p in launcher.glob("*/*.py"))
     assert set(rooms) == set(ROOMS_BELOW), f"launcher's rooms {sorted(set(rooms))} != {sorted(ROOMS_BELOW)}"
+    long = {str(p.relative_to(ROOT)): n for p in launcher.rglob("*.py") if (n := len(p.read_text().splitlines())) > FILE_LINES}
+    assert not long, f"launcher files over {FILE_LINES} lines (test_layering holds zerorun/'s): {long}"
 
 
 @pytest.mark.parametrize("room", sorted(ROOMS_BELOW))
