@@ -32,7 +32,7 @@ from launcher.plan.launch_plan import AgentOptions, DeviceMode, LaunchPlan, buil
 from launcher.plan.master import plan_master
 from launcher.plan.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 from launcher.plan.threads import say_threads
-from launcher.run.protocol import new_key
+from launcher.protocol import new_key
 from launcher.script_path import missing_script
 from launcher.watch.display import dump_json, plan_json, plan_text
 from launcher.watch.watch_args import watch_factory

@@ -8,7 +8,7 @@ prints ``error: ...`` and ``hint: ...`` and the process exits 1, as the CLI does
 ``ZERORUN_DEBUG=1`` (the launcher's ``--debug``) keeps the full traceback. Every other
 exception - the user's own - goes to the previous hook unchanged. torch.distributed
 wraps whatever hook it finds with its ``[rankN]:`` prefix, so the lines still say which
-rank spoke; the launcher shows lines every rank prints alike once (launcher/run/once.py).
+rank spoke; the launcher shows lines every rank prints alike once (launcher/watch/once.py).
 """
 
 from __future__ import annotations

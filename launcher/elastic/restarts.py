@@ -21,8 +21,8 @@ from typing import TextIO
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan, new_job_id
 from launcher.plan.runners import NodeCommand
+from launcher.protocol import new_key
 from launcher.run.executor import Executor, RunResult
-from launcher.run.protocol import new_key
 from launcher.watch.report import Failure, format_report
 from launcher.watch.watcher import RunWatch
 

@@ -91,7 +91,7 @@ class LaunchPlan:
     """A local launch's inherited ``CUDA_VISIBLE_DEVICES``: slot ``s`` is GPU ``visible_devices[s]``
     (empty: slot ids are GPU ids)."""
     channel_key: str = ""
-    """This attempt's secret that authenticates the agents' events (launcher/run/protocol.py); never
+    """This attempt's secret that authenticates the agents' events (launcher/protocol.py); never
     printed, never in a rank's env."""
 
     @property

@@ -20,7 +20,7 @@ from enum import Enum
 
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import LaunchPlan
-from launcher.run.protocol import KEY_ENV
+from launcher.protocol import KEY_ENV
 
 
 class RunnerKind(str, Enum):

@@ -1,1 +1,1 @@
-"""Running the plan: the executor, the per-node agents and shims, their channel, and the ranks' processes."""
+"""Running the plan: the executor, the per-node agents and shims, and the ranks' processes."""

@@ -33,11 +33,11 @@ from launcher.plan.devices import gpu_count
 from launcher.plan.launch_plan import DeviceMode, LaunchPlan, rank_argv, rank_env
 from launcher.plan.threads import VAR as THREADS_VAR
 from launcher.plan.threads import node_cores, threads_for
+from launcher.protocol import MAX_TEXT, Command, drop_key, encode_event
 from launcher.run.lifecycle import RankState, exit_status, transition
 from launcher.run.lifeline import die_with_parent
 from launcher.run.output import OutputSink
 from launcher.run.planfile import read_plan_file
-from launcher.run.protocol import MAX_TEXT, Command, drop_key, encode_event
 from launcher.watch.heartbeat_relay import HeartbeatRelay
 from zerorun.compat.activate import rank_env as compat_env
 

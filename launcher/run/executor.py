@@ -6,7 +6,7 @@ ssh failing to connect) stops every other node at once: agents fed on stdin get
 closes their ssh connections, so the remote agents see EOF and stop their ranks.
 The first Ctrl-C forwards SIGINT to every rank; a second one kills.
 
-Events reach the executor only on the channel of launcher/run/protocol.py (the attempt's
+Events reach the executor only on the channel of launcher/protocol.py (the attempt's
 key, checked fields); anything else on an agent's stdout is a rank's text and is
 printed as such. Signal handlers only put the signal on a ``SimpleQueue``: the main
 loop acts on it, so a handler never takes a lock the interrupted code may hold, and
@@ -34,12 +34,12 @@ from typing import IO, TYPE_CHECKING, TextIO
 
 from launcher.plan.launch_plan import LaunchPlan
 from launcher.plan.runners import NodeCommand, PayloadMode
+from launcher.protocol import BadEvent, Command, Event, decode_event
 from launcher.run.lifecycle import exit_status
 from launcher.run.lifeline import die_with_parent
-from launcher.run.once import OnceFilter
 from launcher.run.planfile import write_plan_file
 from launcher.run.procs import ProcInfo, child_groups, kill_group
-from launcher.run.protocol import BadEvent, Command, Event, decode_event
+from launcher.watch.once import OnceFilter
 from launcher.watch.report import Failure
 
 if TYPE_CHECKING:

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from typing import IO
 
 from launcher.errors import LaunchError
+from launcher.protocol import KEY_ENV, MAX_TEXT, drop_key, encode_event
 from launcher.run.lifecycle import exit_status
 from launcher.run.lifeline import die_with_parent
 from launcher.run.output import OutputSink
-from launcher.run.protocol import KEY_ENV, MAX_TEXT, drop_key, encode_event
 from zerorun.compat.activate import rank_env as compat_env
 
 NODES_ENV = "ZERORUN_NODES"

@@ -1,1 +1,1 @@
-"""Watching a run: heartbeats, stalls, stragglers, the live view, the dry-run display and the reports."""
+"""Watching a run: heartbeats, stalls, stragglers, the live view, the dry-run display, each message once, the reports."""

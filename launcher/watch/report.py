@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.run.once import OnceFilter, text_of
 from launcher.watch.hints import hint_for
+from launcher.watch.once import OnceFilter, text_of
 
 
 @dataclass(frozen=True)

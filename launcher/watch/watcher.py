@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from launcher.plan.runners import NodeCommand, PayloadMode
-from launcher.run.protocol import Command
+from launcher.protocol import Command
 from launcher.watch.heartbeats import Board
 from launcher.watch.liveview import LiveView
 from launcher.watch.stall import STALL_EXIT, StallPolicy, Verdict, place_of, stacks_text, verdict
@@ -26,7 +26,7 @@ from launcher.watch.stragglers import DEFAULT_FACTOR, DEFAULT_STEPS, StragglerTr
 from launcher.watch.summary import summary
 
 if TYPE_CHECKING:
-    from launcher.run.protocol import Event
+    from launcher.protocol import Event
 
 
 class NodeRun(Protocol):

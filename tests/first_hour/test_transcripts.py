@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.run.once import OnceFilter
+from launcher.watch.once import OnceFilter
 from launcher.watch.report import Failure, format_report
 from zerorun.engine.comm.shm import PeerLost
 from zerorun.errors import ZerorunError

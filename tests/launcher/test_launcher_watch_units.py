@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from launcher.plan.runners import PayloadMode
-from launcher.run.protocol import Command, Event
+from launcher.protocol import Command, Event
 from launcher.watch.heartbeat_relay import checked_beat
 from launcher.watch.heartbeats import Board
 from launcher.watch.liveview import plain_line, table

@@ -1,4 +1,4 @@
-"""launcher/run/protocol.py and the executor's side of it: rank output cannot forge an agent
+"""launcher/protocol.py and the executor's side of it: rank output cannot forge an agent
 event (a forged event of each kind is shown as text, kills nothing, crashes nothing),
 and every field of a keyed event is checked, a bad one logged, never raised."""
 
@@ -20,8 +20,8 @@ from launcher.plan.filters import NodeSlots
 from launcher.plan.hostfile import Host
 from launcher.plan.launch_plan import build_plan
 from launcher.plan.runners import NodeCommand, PayloadMode
+from launcher.protocol import EVENTS, MARKER, BadEvent, decode_event, encode_event, new_key, validate
 from launcher.run.executor import Executor
-from launcher.run.protocol import EVENTS, MARKER, BadEvent, decode_event, encode_event, new_key, validate
 
 KEY = "k" * 32
 GOOD = {
@@ -123,7 +123,7 @@ def test_keyed_events_with_foreign_pids_or_nodes_kill_nothing(tmp_path: Path) ->
 
 
 def test_a_new_kind_is_one_entry_and_one_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.run.protocol import Field, small_json
+    from launcher.protocol import Field, small_json
 
     monkeypatch.setitem(EVENTS, "roll_call", {"rank": EVENTS["failed"]["rank"], "payload": Field(small_json)})
     executor, err, _ = _agent_impostor(tmp_path, """

@@ -37,7 +37,7 @@ from zerorun.trial.protocol import (
 )
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import TrialView
 
 
 def trial_config(source: str | Path | dict[str, Any]) -> str | Path | dict[str, Any]:
@@ -64,13 +64,13 @@ def guess_hidden_size(model: nn.Module) -> int | None:
     return min(w for w, n in widths.items() if n == top)
 
 
-def _model_state_bytes(engine: Engine) -> int:
+def _model_state_bytes(engine: TrialView) -> int:
     from zerorun.engine.metrics import model_state_bytes  # the bookkeeping keys, not the physical ones
 
     return model_state_bytes(engine.memory_breakdown())
 
 
-def measured_facts(engine: Engine) -> dict[str, Any]:
+def measured_facts(engine: TrialView) -> dict[str, Any]:
     """What ``zerorun estimate --measure`` compares: the memory held after the steps, and the
     config the engine really ran (stage, precision, optimizer, bucket knobs)."""
     cfg = engine.config
@@ -108,7 +108,7 @@ def _leave(code: int) -> None:
     sys.exit(code)
 
 
-def recorder_for(engine: Engine) -> TrialRecorder | None:
+def recorder_for(engine: TrialView) -> TrialRecorder | None:
     """A recorder wired to ``engine`` when this process is a trial, else None."""
     spec = TrialSpec.from_env()
     if spec is None:
@@ -139,7 +139,7 @@ class EngineTrial(TrialRecorder):
     """A trial of a zerorun engine: the physical peak counts from the end of warm-up (set-up and the
     first step's one-off allocations left out), and every rank's physical figures reach rank 0."""
 
-    def __init__(self, engine: Engine, spec: TrialSpec, **kwargs: Any) -> None:
+    def __init__(self, engine: TrialView, spec: TrialSpec, **kwargs: Any) -> None:
         super().__init__(spec, **kwargs)
         self.engine = engine
         self.physical_per_rank: list[dict[str, int]] = []

@@ -25,8 +25,8 @@ from zerorun.engine.checkpoint.ds_format import DeepSpeedState
 from zerorun.engine.checkpoint.manifest import BucketEntry, Manifest, ParamEntry
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
     from zerorun.engine.training.schedulers import LRSchedulerLike
+    from zerorun.engine.views import CheckpointView
 
 # torch.optim flags that describe this run's kernels, not the training state: the loading engine keeps its own
 _IMPLEMENTATION_FLAGS = {"foreach", "fused", "capturable", "differentiable"}
@@ -67,7 +67,7 @@ def _scheduler_state(saved: dict[str, Any] | None,
     return {**scheduler.state_dict(), **saved}
 
 
-def _scaler_state(saved: dict[str, Any], engine: Engine) -> dict[str, Any]:
+def _scaler_state(saved: dict[str, Any], engine: CheckpointView) -> dict[str, Any]:
     """An fp16 engine continues from DeepSpeed's loss scale; bf16 and fp32 engines keep their unit scale."""
     state = asdict(engine.scaler)
     if engine.precision.name != "fp16" or "cur_scale" not in saved:
@@ -77,7 +77,7 @@ def _scaler_state(saved: dict[str, Any], engine: Engine) -> dict[str, Any]:
             "hysteresis_left": int(saved.get("cur_hysteresis", state["hysteresis_left"]))}
 
 
-def _engine_state(ds: DeepSpeedState, engine: Engine) -> dict[str, Any]:
+def _engine_state(ds: DeepSpeedState, engine: CheckpointView) -> dict[str, Any]:
     saved = ds.model_state
     steps = int(saved.get("global_steps", 0))
     return {
@@ -92,7 +92,7 @@ def _engine_state(ds: DeepSpeedState, engine: Engine) -> dict[str, Any]:
     }
 
 
-def as_zerorun(ds: DeepSpeedState, engine: Engine) -> tuple[Manifest, dict[str, Any]]:
+def as_zerorun(ds: DeepSpeedState, engine: CheckpointView) -> tuple[Manifest, dict[str, Any]]:
     """The manifest and the single rank file of a world-1 zerorun checkpoint equal to ``ds``."""
     buckets = tuple(_bucket(shapes, i) for i, shapes in enumerate(ds.groups))
     manifest = Manifest(world_size=1, stage=ds.stage, dtype="fp32", zerorun_version=__version__, buckets=buckets,

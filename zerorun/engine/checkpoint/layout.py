@@ -14,7 +14,7 @@ from torch import nn
 from zerorun.engine.checkpoint.manifest import BucketEntry, ParamEntry
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import Shards
 
 
 def param_names(module: nn.Module) -> tuple[dict[int, str], dict[str, str]]:
@@ -29,7 +29,7 @@ def param_names(module: nn.Module) -> tuple[dict[int, str], dict[str, str]]:
     return names, aliases
 
 
-def engine_layout(engine: Engine) -> tuple[tuple[BucketEntry, ...], dict[str, str]]:
+def engine_layout(engine: Shards) -> tuple[tuple[BucketEntry, ...], dict[str, str]]:
     names, aliases = param_names(engine.module)
     buckets = []
     for b in engine.parts.buckets:
@@ -39,14 +39,14 @@ def engine_layout(engine: Engine) -> tuple[tuple[BucketEntry, ...], dict[str, st
     return tuple(buckets), aliases
 
 
-def owned_parts(engine: Engine) -> tuple[int, int]:
+def owned_parts(engine: Shards) -> tuple[int, int]:
     """(parts, index): the masters hold chunk ``index`` of ``parts`` of every bucket (parts: the shard
     group's size, which is the world's unless MiCS shards inside smaller groups)."""
     masters, shard = engine.parts.masters, engine.shard_coll
     return (shard.world_size, shard.rank) if masters.sharded else (1, 0)
 
 
-def saved_world(engine: Engine) -> tuple[int, int, bool]:
+def saved_world(engine: Shards) -> tuple[int, int, bool]:
     """(world, rank, writes): the checkpoint is one of ``world`` rank files, this rank's is ``rank``, and
     ``writes`` says whether this rank writes it. Under MiCS the replicas hold the same shards, so the
     first shard group writes a checkpoint of a world of its size (loadable at any world, as any other)."""
@@ -66,7 +66,7 @@ def chunk_of(flat: torch.Tensor, padded_numel: int, owned: tuple[int, int], worl
     return flat.reshape(-1).narrow(0, rank * size, size)
 
 
-def publish_masters(engine: Engine) -> None:
+def publish_masters(engine: Shards) -> None:
     """Make the compute parameters equal the (just loaded) fp32 masters on every rank: the step's own
     publish (written into the owned chunks and all-gathered, or into the resting shards)."""
     engine.parts.masters.publish(engine.coll)

@@ -37,7 +37,7 @@ from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import CheckpointView, Shards
 
 
 def list_tags(root: Path) -> list[str]:
@@ -146,7 +146,7 @@ def scalar_state_device(group: dict[str, Any], param_device: torch.device) -> to
     return param_device if group.get("fused") or group.get("capturable") else torch.device("cpu")
 
 
-def _fill(engine: Engine, copies: list[reshard.Copy], files: dict[int, dict[str, Any]],
+def _fill(engine: Shards, copies: list[reshard.Copy], files: dict[int, dict[str, Any]],
           optimizer_states: bool) -> None:
     masters = engine.parts.masters.masters
     if optimizer_states:
@@ -178,7 +178,7 @@ def nothing_to_resume(root: Path) -> tuple[None, None]:
     return None, None
 
 
-def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str | None = None,
+def load_checkpoint(engine: CheckpointView, load_dir: str | os.PathLike[str], tag: str | None = None,
                     load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
                     load_module_only: bool = False, strict: bool = True,
                     load_rng_state: bool = False, trust_checkpoint: bool = False

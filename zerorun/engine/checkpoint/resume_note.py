@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 from zerorun.engine.checkpoint.manifest import Manifest
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import BatchFacts, CheckpointView
 
 
-def batch_facts(engine: Engine) -> dict[str, int]:
+def batch_facts(engine: BatchFacts) -> dict[str, int]:
     """What a save records of the batch arithmetic, to compare at the next load."""
     return {"train_batch_size": engine.train_batch_size(),
             "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
             "train_micro_batch_size_per_gpu": engine.train_micro_batch_size_per_gpu()}
 
 
-def changes(manifest: Manifest, saved: dict[str, Any], engine: Engine) -> list[str]:
+def changes(manifest: Manifest, saved: dict[str, Any], engine: CheckpointView) -> list[str]:
     was = {"world size": manifest.world_size, "stage": manifest.stage, **(saved.get("batch") or {})}
     now = {"world size": engine.ctx.world_size, "stage": engine.zero_stage, **batch_facts(engine)}
     labels = {"world size": "world size", "stage": "stage", "train_batch_size": "global batch",
@@ -35,7 +35,7 @@ def changes(manifest: Manifest, saved: dict[str, Any], engine: Engine) -> list[s
     return found
 
 
-def resume_line(manifest: Manifest, saved: dict[str, Any], engine: Engine) -> str:
+def resume_line(manifest: Manifest, saved: dict[str, Any], engine: CheckpointView) -> str:
     text = f"[zerorun] resumed at global step {saved['counters']['global_steps']}"
     data = saved.get("data")
     if data is not None:

@@ -38,7 +38,7 @@ from zerorun.engine.mechanism.gathered import gathered_frozen
 from zerorun.engine.offload.resident import resident
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import CheckpointView, Placement, Shards
 
 PAUSE_ENV = "ZERORUN_TEST_CHECKPOINT_PAUSE_S"  # test hook: sleep after this rank's file is durable
 
@@ -58,7 +58,7 @@ def check_tag(tag: str) -> str:
     return tag
 
 
-def agree(engine: Engine, error: BaseException | None, what: str) -> None:
+def agree(engine: Placement, error: BaseException | None, what: str) -> None:
     """All ranks learn whether every rank succeeded at ``what``; raise on all of them if not.
 
     Every failure of a step is caught and carried by this one all-reduce, so a rank that
@@ -82,7 +82,7 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
     return None
 
 
-def rank_payload(engine: Engine) -> dict[str, Any]:
+def rank_payload(engine: CheckpointView) -> dict[str, Any]:
     """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
     parts = engine.parts
     world, rank, _ = layout.saved_world(engine)
@@ -101,7 +101,7 @@ def rank_payload(engine: Engine) -> dict[str, Any]:
     return {"rank": rank, "buckets": buckets, "engine": state.capture(engine)}
 
 
-def write_extra(engine: Engine, staging: Path) -> None:
+def write_extra(engine: Shards, staging: Path) -> None:
     """Rank 0: the module's buffers and frozen parameters (replicated, so written once)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
@@ -115,7 +115,7 @@ def write_recovery_script(root: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
+def _commit(engine: CheckpointView, root: Path, tag: str, save_latest: bool) -> None:
     """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
@@ -135,7 +135,7 @@ def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
         atomic.write_text(root / LATEST, tag)
 
 
-def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str | None = None,
+def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], tag: str | None = None,
                     client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
     """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it."""
     if not save_dir:

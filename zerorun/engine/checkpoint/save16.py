@@ -22,7 +22,7 @@ from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import bucket_of
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import ModelView
 
 
 def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
@@ -49,7 +49,7 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
     return out
 
 
-def consolidated_state_dict(engine: Engine,
+def consolidated_state_dict(engine: ModelView,
                             exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
     """The full state dict in the compute dtype, on CPU, on every rank (a collective at stage 3)."""
     zero = engine.config.zero_optimization
@@ -64,7 +64,7 @@ def consolidated_state_dict(engine: Engine,
             if not exclude_frozen_parameters or k not in _frozen_names(engine.module)}
 
 
-def save_16bit_model(engine: Engine, save_dir: str, save_filename: str = "pytorch_model.bin",
+def save_16bit_model(engine: ModelView, save_dir: str, save_filename: str = "pytorch_model.bin",
                      exclude_frozen_parameters: bool = False) -> bool:
     state = consolidated_state_dict(engine, exclude_frozen_parameters)
     if engine.ctx.rank == 0:

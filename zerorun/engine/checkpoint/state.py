@@ -20,7 +20,7 @@ from zerorun.engine.checkpoint.resume_note import batch_facts
 from zerorun.engine.numerics import loss_scaler
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import Counters
 
 
 def capture_rng() -> dict[str, Any]:
@@ -61,7 +61,7 @@ def restore_cuda_rng(states: list[torch.Tensor]) -> None:
         torch.cuda.set_rng_state(state, index)
 
 
-def capture(engine: Engine) -> dict[str, Any]:
+def capture(engine: Counters) -> dict[str, Any]:
     sched = engine.lr_scheduler
     return {
         "counters": {"global_steps": engine.global_steps, "micro_steps": engine.micro_steps,
@@ -75,7 +75,7 @@ def capture(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _loader_state(engine: Engine) -> dict[str, Any] | None:
+def _loader_state(engine: Counters) -> dict[str, Any] | None:
     loader = getattr(engine, "training_dataloader", None)
     return loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None
 
@@ -94,7 +94,7 @@ def rebased_micro_steps(counters: dict[str, Any], batch: dict[str, Any], accumul
     return steps * accumulation + max(0, int(counters["micro_steps"]) - steps * int(saved_gas))
 
 
-def restore(engine: Engine, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
+def restore(engine: Counters, saved: dict[str, Any], optimizer_states: bool, scheduler_states: bool,
             rng_state: bool = False) -> None:
     counters = saved["counters"]
     engine.global_steps = counters["global_steps"]

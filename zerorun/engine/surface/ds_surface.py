@@ -18,14 +18,14 @@ from zerorun.engine.errors import EngineError, rank_prefixed
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from zerorun.engine.engine import Engine
     from zerorun.engine.surface.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateMover
+    from zerorun.engine.views import Timed
 
 
 class TputTimer:
     """``engine.tput_timer``: DeepSpeed's throughput timer, read from the engine's figures."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Timed) -> None:
         self._engine = engine
 
     @property

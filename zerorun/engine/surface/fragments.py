@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import Shards
 
 _ENGINE_ATTR = "_zerorun_engine"  # a weak reference: a parameter never keeps a finished engine alive
 
 
-def register(engine: Engine) -> None:
+def register(engine: Shards) -> None:
     """Let ``engine_of(param)`` find ``engine`` from any of its trainable parameters."""
     ref = weakref.ref(engine)
     for bucket in engine.parts.buckets:
@@ -34,7 +34,7 @@ def register(engine: Engine) -> None:
             setattr(p, _ENGINE_ATTR, ref)
 
 
-def engine_of(param: torch.Tensor) -> Engine | None:
+def engine_of(param: torch.Tensor) -> Shards | None:
     ref = getattr(param, _ENGINE_ATTR, None)
     return ref() if ref is not None else None
 
@@ -54,7 +54,7 @@ class Fragment:
         return self.shape.numel()
 
 
-def fragment(engine: Engine, param: torch.Tensor) -> Fragment | None:
+def fragment(engine: Shards, param: torch.Tensor) -> Fragment | None:
     """This rank's fragment of ``param`` (None if the engine does not train it)."""
     masters = engine.parts.masters
     for bi, bucket in enumerate(engine.parts.buckets):
@@ -70,7 +70,7 @@ def fragment(engine: Engine, param: torch.Tensor) -> Fragment | None:
     return None
 
 
-def owned_tensor(engine: Engine, bucket_index: int, what: str) -> torch.Tensor:
+def owned_tensor(engine: Shards, bucket_index: int, what: str) -> torch.Tensor:
     """The owned chunk of bucket ``bucket_index``: ``"fp32"`` master, ``"grad"`` or an optimizer-state key."""
     master = engine.parts.masters.masters[bucket_index]
     if what == "fp32":
@@ -87,7 +87,7 @@ def owned_tensor(engine: Engine, bucket_index: int, what: str) -> torch.Tensor:
     return state[what]
 
 
-def local(engine: Engine, param: torch.Tensor, what: str) -> torch.Tensor | None:
+def local(engine: Shards, param: torch.Tensor, what: str) -> torch.Tensor | None:
     """This rank's fragment of ``param``'s ``what`` (1-D, possibly empty), as a view one can write."""
     frag = fragment(engine, param)
     if frag is None:
@@ -95,7 +95,7 @@ def local(engine: Engine, param: torch.Tensor, what: str) -> torch.Tensor | None
     return owned_tensor(engine, frag.bucket_index, what).detach().narrow(0, frag.owned_start, frag.numel)
 
 
-def full(engine: Engine, param: torch.Tensor, what: str) -> torch.Tensor | None:
+def full(engine: Shards, param: torch.Tensor, what: str) -> torch.Tensor | None:
     """``param``'s whole ``what`` in fp32 and ``param``'s shape, on every rank (a collective when sharded)."""
     frag = fragment(engine, param)
     if frag is None:
@@ -108,7 +108,7 @@ def full(engine: Engine, param: torch.Tensor, what: str) -> torch.Tensor | None:
     return out.view(frag.shape)
 
 
-def set_full(engine: Engine, param: torch.Tensor, value: torch.Tensor, what: str) -> None:
+def set_full(engine: Shards, param: torch.Tensor, value: torch.Tensor, what: str) -> None:
     """Write this rank's fragment of the full ``value`` into ``param``'s ``what``."""
     frag = fragment(engine, param)
     if frag is None:
@@ -118,7 +118,7 @@ def set_full(engine: Engine, param: torch.Tensor, value: torch.Tensor, what: str
         target.copy_(value.reshape(-1).narrow(0, frag.param_start, frag.numel))
 
 
-def set_local(engine: Engine, param: torch.Tensor, value: torch.Tensor, what: str) -> None:
+def set_local(engine: Shards, param: torch.Tensor, value: torch.Tensor, what: str) -> None:
     """Write this rank's fragment of ``param``'s ``what`` from ``value`` (the fragment's own size)."""
     target = local(engine, param, what)
     if target is not None:

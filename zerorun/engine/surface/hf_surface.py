@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
+    from zerorun.engine.views import ModelView
 
 
 class HfSurface:
-    def zero_gather_16bit_weights_on_model_save(self: Engine) -> bool:
+    def zero_gather_16bit_weights_on_model_save(self: ModelView) -> bool:
         """``zero_optimization.stage3_gather_16bit_weights_on_model_save``."""
         return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
 
-    def _zero3_consolidated_16bit_state_dict(self: Engine, exclude_frozen_parameters: bool = False
+    def _zero3_consolidated_16bit_state_dict(self: ModelView, exclude_frozen_parameters: bool = False
                                              ) -> dict[str, torch.Tensor] | None:
         """The full 16-bit state dict on rank 0 and ``None`` elsewhere, as DeepSpeed's; every rank calls it."""
         from zerorun.engine.checkpoint.save16 import consolidated_state_dict

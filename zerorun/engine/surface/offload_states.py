@@ -28,9 +28,9 @@ import torch
 from zerorun.engine.errors import EngineError
 
 if TYPE_CHECKING:
-    from zerorun.engine.engine import Engine
     from zerorun.engine.mechanism.buckets import FlatBucket
     from zerorun.engine.mechanism.partition import PartitionedBucket
+    from zerorun.engine.views import Shards
 
 
 class OffloadDeviceEnum(str, Enum):
@@ -64,7 +64,7 @@ def _move(t: torch.Tensor, device: torch.device, pin: bool, non_blocking: bool) 
 class StateMover:
     """Remembers where each moved group of tensors lived, so ``reload`` puts it back."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Shards) -> None:
         self.engine = engine
         self.home: dict[S, torch.device] = {}
 
