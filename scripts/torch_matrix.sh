@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Run zerorun's suites on several torch releases: one fresh venv per version, torch from PyPI (the CUDA
+# wheels, about 5 GB with their nvidia libraries; they run on the CPU), `pip install -e . torch==V` plus the
+# dev extras (pip may not replace torch: a constraints file pins it), then pytest, then one row per version
+# in a Markdown table. Each venv is deleted after its row unless --keep.
+#
+#   scripts/torch_matrix.sh [--keep] [--install-only] [--table FILE] [--tests "PYTEST ARGS"] [--label L] V...
+#
+#   --tests   what pytest runs (default: the engine, compat, checkpoint and launcher suites, i.e.
+#             tests/engine tests/compat tests/launcher tests/test_torch_versions.py; checkpoint lives
+#             under tests/engine/checkpoint). ZERORUN_MATRIX_SUBSET names the representative subset.
+#   --label   the selection's name written in the table (default: "full" or "custom").
+#   --table   where rows are appended (default: $MATRIX_DIR/torch_matrix.md).
+#   --keep    keep each venv (and reuse a kept one on the next run: its torch is checked first).
+#   --install-only  build the venvs (implies --keep), run nothing: fetch downloads ahead of the tests.
+# Environment: MATRIX_DIR (venvs and logs, default ${TMPDIR:-/tmp}/zerorun-torch-matrix), PYTHON
+# (default python3), TORCH_WHEEL_DIR (a folder of local torch wheels pip may use first, e.g. a CPU build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+FULL="tests/engine tests/compat tests/launcher tests/test_torch_versions.py"
+# The representative subset (what ran on the versions between the floor and the newest): the shim's
+# tests, the seed-style parity runs at stages 0-3 (test_engine_parity: one process vs. 2 ranks), the
+# tied-embedding GPT at stage 3 and its cases, stage-3 hooks/units, the collectives and the checkpoint
+# round trip; about 3-5 minutes on 2 shared cores.
+SUBSET="tests/test_torch_versions.py tests/test_torch_compat.py tests/engine/test_engine_parity.py
+tests/engine/test_engine_stage3.py tests/engine/test_engine_stage3_units.py tests/engine/comm/test_collectives.py
+tests/engine/checkpoint/test_checkpoint_resume.py"
+SUBSET=${ZERORUN_MATRIX_SUBSET:-$SUBSET}
+
+KEEP=0; INSTALL_ONLY=0; TESTS=$FULL; LABEL=""; MATRIX_DIR=${MATRIX_DIR:-${TMPDIR:-/tmp}/zerorun-torch-matrix}
+TABLE=""; VERSIONS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --keep) KEEP=1 ;;
+        --install-only) INSTALL_ONLY=1; KEEP=1 ;;
+        --table) TABLE=$2; shift ;;
+        --tests) TESTS=$2; shift ;;
+        --subset) TESTS=$SUBSET; LABEL=${LABEL:-subset} ;;
+        --label) LABEL=$2; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -*) echo "torch_matrix: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) VERSIONS+=("$1") ;;
+    esac
+    shift
+done
+[ ${#VERSIONS[@]} -gt 0 ] || { echo "torch_matrix: name at least one torch version, e.g. 2.8.0" >&2; exit 2; }
+[ -n "$LABEL" ] || { [ "$TESTS" = "$FULL" ] && LABEL=full || LABEL=custom; }
+mkdir -p "$MATRIX_DIR"
+TABLE=${TABLE:-$MATRIX_DIR/torch_matrix.md}
+if [ ! -s "$TABLE" ]; then
+    printf '| torch | suites | passed | failed | skipped | errors | test minutes | install minutes | note |\n' >"$TABLE"
+    printf '|---|---|---|---|---|---|---|---|---|\n' >>"$TABLE"
+fi
+
+install() {  # $1 version, $2 venv; the log in $2.install.log
+    local v=$1 venv=$2 pins
+    if [ -x "$venv/bin/python" ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$v" ]; then
+        return 0
+    fi
+    rm -rf "$venv"
+    "${PYTHON:-python3}" -m venv "$venv"
+    # The constraints file pins torch to V for every install below (it also replaces this machine's cap).
+    pins=$venv/torch-pin.txt
+    echo "torch==$v" >"$pins"
+    local links=()
+    [ -n "${TORCH_WHEEL_DIR:-}" ] && links=(--find-links "$TORCH_WHEEL_DIR")
+    # --no-cache-dir: the wheels are ~5 GB a version; --no-compile: torch's byte-compilation is most of the time.
+    PIP_CONSTRAINT=$pins "$venv/bin/python" -m pip install -q --no-cache-dir --no-compile "${links[@]}" "torch==$v"
+    PIP_CONSTRAINT=$pins "$venv/bin/python" -m pip install -q --no-compile "${links[@]}" -e ".[dev]" "torch==$v"
+    "$venv/bin/python" -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(v != '$v')" \
+        || { echo "torch_matrix: $venv does not hold torch $v" >&2; return 1; }
+}
+
+status=0
+for v in "${VERSIONS[@]}"; do
+    venv=$MATRIX_DIR/venv-$v
+    log=$MATRIX_DIR/torch-$v.$LABEL.log
+    t0=$(date +%s)
+    if ! install "$v" "$venv" >"$venv.install.log" 2>&1; then
+        tail -5 "$venv.install.log" >&2
+        printf '| %s | %s | - | - | - | - | - | %.1f | install failed: %s |\n' "$v" "$LABEL" \
+            "$(echo "($(date +%s) - $t0) / 60" | bc -l)" "$(tail -1 "$venv.install.log" | tr '|' '/' | cut -c1-120)" >>"$TABLE"
+        status=1; [ $KEEP = 1 ] || rm -rf "$venv"; continue
+    fi
+    t1=$(date +%s)
+    echo "torch_matrix: torch $v installed in $(( (t1 - t0) / 60 )) min ($venv)"
+    [ $INSTALL_ONLY = 1 ] && continue
+    # shellcheck disable=SC2086  # TESTS is a word list on purpose
+    (cd "$ROOT" && timeout "${MATRIX_TIMEOUT:-5400}" "$venv/bin/python" -m pytest -q -p no:cacheprovider $TESTS) \
+        >"$log" 2>&1 && rc=0 || rc=$?
+    t2=$(date +%s)
+    summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1 || true)
+    count() { echo "$summary" | grep -Eo "[0-9]+ $1" | grep -Eo '[0-9]+' || echo 0; }
+    note="pytest rc=$rc"
+    [ -n "$summary" ] || note="$note, no summary (see $log)"
+    printf '| %s | %s | %s | %s | %s | %s | %.1f | %.1f | %s |\n' "$v" "$LABEL" "$(count passed)" "$(count failed)" \
+        "$(count skipped)" "$(count 'errors?')" "$(echo "($t2 - $t1) / 60" | bc -l)" \
+        "$(echo "($t1 - $t0) / 60" | bc -l)" "$note" >>"$TABLE"
+    tail -1 "$TABLE"
+    [ "$rc" = 0 ] || status=1
+    [ $KEEP = 1 ] || rm -rf "$venv"
+done
+echo "torch_matrix: the table is $TABLE"
+exit $status
