@@ -4,15 +4,18 @@
 # dev extras (pip may not replace torch: a constraints file pins it), then pytest, then one row per version
 # in a Markdown table. Each venv is deleted after its row unless --keep.
 #
-#   scripts/torch_matrix.sh [--keep] [--install-only] [--table FILE] [--tests "PYTEST ARGS"] [--label L] V...
+#   scripts/torch_matrix.sh [--keep] [--install-only] [--table FILE] [--subset | --tests "PYTEST ARGS"] [--label L] V...
 #
 #   --tests   what pytest runs (default: the engine, compat, checkpoint and launcher suites, i.e.
 #             tests/engine tests/compat tests/launcher and the two torch-version test files; checkpoint lives
-#             under tests/engine/checkpoint). ZERORUN_MATRIX_SUBSET names the representative subset.
+#             under tests/engine/checkpoint).
+#   --subset  the representative subset below instead (ZERORUN_MATRIX_SUBSET replaces it).
 #   --label   the selection's name written in the table (default: "full" or "custom").
 #   --table   where rows are appended (default: $MATRIX_DIR/torch_matrix.md).
-#   --keep    keep each venv (and reuse a kept one on the next run: its torch is checked first).
+#   --keep    keep each venv (and reuse a kept one on the next run).
 #   --install-only  build the venvs (implies --keep), run nothing: fetch downloads ahead of the tests.
+# The full suites install the dev extras; any other selection only zerorun, pytest and pytest-timeout
+# (MATRIX_EXTRAS=dev installs the extras anyway).
 # Environment: MATRIX_DIR (venvs and logs, default ${TMPDIR:-/tmp}/zerorun-torch-matrix), PYTHON
 # (default python3), TORCH_WHEEL_DIR (a folder of local torch wheels pip may use first, e.g. a CPU build).
 set -euo pipefail
@@ -39,7 +42,7 @@ while [ $# -gt 0 ]; do
         --tests) TESTS=$2; shift ;;
         --subset) TESTS=$SUBSET; LABEL=${LABEL:-subset} ;;
         --label) LABEL=$2; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
         -*) echo "torch_matrix: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) VERSIONS+=("$1") ;;
     esac
@@ -47,6 +50,13 @@ while [ $# -gt 0 ]; do
 done
 [ ${#VERSIONS[@]} -gt 0 ] || { echo "torch_matrix: name at least one torch version, e.g. 2.8.0" >&2; exit 2; }
 [ -n "$LABEL" ] || { [ "$TESTS" = "$FULL" ] && LABEL=full || LABEL=custom; }
+# The full suites need the dev extras (the Hugging Face stack of the compat tests); the subset needs
+# only zerorun and its test runner (the dev extras' pins), which installs in a fraction of the time.
+if [ "$TESTS" = "$FULL" ] || [ "${MATRIX_EXTRAS:-}" = dev ]; then
+    EXTRAS_NAME=dev; EXTRAS='-e .[dev]'
+else
+    EXTRAS_NAME=lean; EXTRAS="-e . pytest>=9.2,<10 pytest-timeout>=2.4,<3"
+fi
 mkdir -p "$MATRIX_DIR"
 TABLE=${TABLE:-$MATRIX_DIR/torch_matrix.md}
 if [ ! -s "$TABLE" ]; then
@@ -56,8 +66,8 @@ fi
 
 install() {  # $1 version, $2 venv; the log in $2.install.log
     local v=$1 venv=$2 pins
-    if [ -x "$venv/bin/python" ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" = "$v" ]; then
-        return 0
+    if [ -f "$venv/.matrix-installed-$EXTRAS_NAME" ] || { [ $EXTRAS_NAME = lean ] && [ -f "$venv/.matrix-installed-dev" ]; }; then
+        return 0  # a kept venv of this version with what these tests need
     fi
     rm -rf "$venv"
     "${PYTHON:-python3}" -m venv "$venv"
@@ -68,9 +78,11 @@ install() {  # $1 version, $2 venv; the log in $2.install.log
     [ -n "${TORCH_WHEEL_DIR:-}" ] && links=(--find-links "$TORCH_WHEEL_DIR")
     # --no-cache-dir: the wheels are ~5 GB a version; --no-compile: torch's byte-compilation is most of the time.
     PIP_CONSTRAINT=$pins "$venv/bin/python" -m pip install -q --no-cache-dir --no-compile "${links[@]}" "torch==$v"
-    PIP_CONSTRAINT=$pins "$venv/bin/python" -m pip install -q --no-compile "${links[@]}" -e ".[dev]" "torch==$v"
+    # shellcheck disable=SC2086  # EXTRAS is a word list
+    PIP_CONSTRAINT=$pins "$venv/bin/python" -m pip install -q --no-compile "${links[@]}" $EXTRAS "torch==$v"
     "$venv/bin/python" -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(v != '$v')" \
         || { echo "torch_matrix: $venv does not hold torch $v" >&2; return 1; }
+    touch "$venv/.matrix-installed-$EXTRAS_NAME"
 }
 
 PYVER=$("${PYTHON:-python3}" -c 'import platform; print(platform.python_version())')
