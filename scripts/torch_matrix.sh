@@ -104,7 +104,7 @@ for v in "${VERSIONS[@]}"; do
     (cd "$ROOT" && timeout "${MATRIX_TIMEOUT:-5400}" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${args[@]}") \
         >"$log" 2>&1 && rc=0 || rc=$?
     t2=$(date +%s)
-    summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1 || true)
+    summary=$(grep -E '(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$log" | tail -1 || true)
     count() { echo "$summary" | grep -Eo "[0-9]+ $1" | grep -Eo '[0-9]+' || echo 0; }
     note="pytest rc=$rc"
     [ -n "$summary" ] || note="$note, no summary (see $log)"
