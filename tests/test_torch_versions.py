@@ -31,7 +31,7 @@ PRIVATE_APIS = {
     "torch._C.DisableTorchFunctionSubclass": ("call_without_subclass", (2, 0), "nn.Parameter.__torch_function__"),
     "torch._C._is_key_in_tls": ("detached_tls", (2, 1), "left as it is (with the three below)"),
     "torch._C._get_obj_in_tls": ("detached_tls", (2, 1), "left as it is"),
-    "torch._C._remove_obj_from_tls": ("detached_tls", (2, 13), "left as it is (torch 2.12 lacks it)"),
+    "torch._C._remove_obj_from_tls": ("detached_tls", (2, 13), "left as it is (2.6.0 and 2.12.1 lack it)"),
     "torch._C._stash_obj_in_tls": ("detached_tls", (2, 1), "left as it is"),
     "torch.utils._pytree.tree_flatten": ("tree_leaves", (2, 0), "lists, tuples and mappings walked by the shim"),
     "torch.testing._internal.distributed.fake_pg.FakeStore": ("fake_store", (2, 1), "required by zerorun.simulate only"),
