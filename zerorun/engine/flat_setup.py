@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, FlatBucket, layout_numel, plan_buckets
 from zerorun.engine.mechanism.masters import MasterShards
@@ -79,9 +80,9 @@ def streamed_masters(buckets: list[FlatBucket], masters: list[torch.Tensor], ali
 def move_the_rest(module: nn.Module, device: torch.device) -> None:
     """Parameters no bucket holds (frozen ones) and buffers to ``device``, one module at a time."""
     for m in module.modules():
-        params = [k for k, p in m._parameters.items() if p is not None and p.device != device]
-        for k, t in zip(params, to_device([m._parameters[k].data for k in params], device), strict=True):
-            m._parameters[k].data = t
-        names = [k for k, v in m._buffers.items() if v is not None and v.device != device]
-        for k, t in zip(names, to_device([m._buffers[k] for k in names], device), strict=True):
-            m._buffers[k] = t
+        params = [k for k, p in torch_compat.own_parameters(m).items() if p is not None and p.device != device]
+        for k, t in zip(params, to_device([torch_compat.own_parameters(m)[k].data for k in params], device), strict=True):
+            torch_compat.own_parameters(m)[k].data = t
+        names = [k for k, v in torch_compat.own_buffers(m).items() if v is not None and v.device != device]
+        for k, t in zip(names, to_device([torch_compat.own_buffers(m)[k] for k in names], device), strict=True):
+            torch_compat.set_own_buffer(m, k, t)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.build import Parts, unit_layout
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.engine import Engine
@@ -87,7 +88,7 @@ class InferenceEngine(Engine):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = super().forward(*args, **kwargs)
         coordinator = self.parts.coordinator
-        if coordinator is not None and torch._C._current_graph_task_id() == -1:
+        if coordinator is not None and not torch_compat.in_backward():
             coordinator.end_pass()  # no backward follows: release what is gathered, record the first order
         return out
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from zerorun import torch_compat
+
 HOST_KEYS = ("host_rss", "host_peak_rss", "host_baseline_rss")
 DEVICE_KEYS = ("device_peak_allocated", "device_peak_reserved")
 PHYSICAL_KEYS = HOST_KEYS + DEVICE_KEYS
@@ -52,7 +54,7 @@ def _host_status() -> dict[str, int] | None:
 
 
 _BASELINE = (_host_status() or {}).get("VmRSS")
-_LAZY_RUNTIME = "torch._dynamo"  # what the first torch.optim optimizer imports (~72 MiB resident, 1.2 s)
+_LAZY_RUNTIME = torch_compat.compiler_runtime_module()  # torch._dynamo, what the first torch.optim optimizer imports (~72 MiB resident, 1.2 s)
 
 
 def load_optimizer_runtime() -> int:

@@ -100,9 +100,9 @@ def device_type() -> str:
 
 def join(sim: Simulation) -> None:
     """Create the default process group as torch's fake group of ``sim.world_size`` ranks."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+    from zerorun import torch_compat  # its import registers the "fake" backend
 
-    dist.init_process_group(FAKE_BACKEND, rank=sim.rank, world_size=sim.world_size, store=FakeStore())
+    dist.init_process_group(FAKE_BACKEND, rank=sim.rank, world_size=sim.world_size, store=torch_compat.fake_store())
 
 
 @contextlib.contextmanager

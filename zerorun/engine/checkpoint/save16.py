@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.checkpoint import atomic
 from zerorun.engine.errors import EngineError
 from zerorun.engine.mechanism.param_state import ParamState
@@ -30,7 +31,7 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
     copies: dict[int, torch.Tensor] = {}  # a tied parameter is one tensor under both names, as in state_dict()
     for prefix, m in module.named_modules(remove_duplicate=False):
         head = f"{prefix}." if prefix else ""
-        for name, p in m._parameters.items():
+        for name, p in torch_compat.own_parameters(m).items():
             if p is None or (exclude_frozen and not p.requires_grad):
                 continue
             if id(p) in copies:
@@ -43,8 +44,8 @@ def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, t
             out[head + name] = copies[id(p)] = p.detach().clone().cpu()
             if was_sharded:
                 b.release()
-        for name, buf in m._buffers.items():
-            if buf is not None and name not in m._non_persistent_buffers_set:
+        for name, buf in torch_compat.own_buffers(m).items():
+            if buf is not None and name not in torch_compat.non_persistent_buffers(m):
                 out[head + name] = buf.detach().clone().cpu()
     return out
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
+from zerorun import torch_compat
 
 # torch's backward stashes a contextvars.Context in thread-local state under this key, and
 # every collective issued meanwhile (from a gradient hook) copies that state into its work.
 _BACKWARD_TLS_KEY = "context"
-_HAS_TLS_OBJECTS = hasattr(torch._C, "_is_key_in_tls")  # older torch keeps no such object
 
 
 @contextmanager
@@ -22,12 +21,5 @@ def outside_backward_tls() -> Iterator[None]:
     rank aborts ("terminate called without an active exception", ~1 run in 20 of a
     2-rank job that exits right after its last backward).
     """
-    if not (_HAS_TLS_OBJECTS and torch._C._is_key_in_tls(_BACKWARD_TLS_KEY)):
+    with torch_compat.detached_tls(_BACKWARD_TLS_KEY):  # a torch that cannot detach it: left as it is
         yield
-        return
-    saved = torch._C._get_obj_in_tls(_BACKWARD_TLS_KEY)
-    torch._C._remove_obj_from_tls(_BACKWARD_TLS_KEY)
-    try:
-        yield
-    finally:
-        torch._C._stash_obj_in_tls(_BACKWARD_TLS_KEY, saved)

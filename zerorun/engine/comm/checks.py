@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from zerorun import torch_compat
 from zerorun.engine.check_modes import env_modes
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class DeferredWork:
         self.staged = staged
         self.work = work
         self.storage = (buffer.untyped_storage().data_ptr(), buffer.untyped_storage().nbytes())
-        self.version = buffer._version  # in-place writes bump it (NaN arithmetic would keep the poison)
+        self.version = torch_compat.version_counter(buffer)  # in-place writes bump it (NaN arithmetic would keep the poison)
 
     def wait(self) -> None:
         self.work.wait()
@@ -102,7 +103,7 @@ class DeferredWork:
         if (storage.data_ptr(), storage.nbytes()) != self.storage:
             raise CollectiveBufferError(f"{what} was freed or reallocated before its wait(): on a GPU the "
                                         "collective would still be writing into released memory")
-        if self.buffer._version != self.version or not _still_poisoned(self.buffer):
+        if torch_compat.version_counter(self.buffer) != self.version or not _still_poisoned(self.buffer):
             raise CollectiveBufferError(f"{what} was written before its wait(): on a GPU the collective's "
                                         "result would overwrite that write, or race with it")
         self.buffer.copy_(self.staged)

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from zerorun import torch_compat
 from zerorun.engine.comm import shm, trace
 from zerorun.engine.comm.backward_tls import outside_backward_tls
 from zerorun.engine.comm.bootstrap import group_backends, native_scatter, serving
@@ -62,7 +63,7 @@ _T = TypeVar("_T")  # all_gather_object: every rank's object, of the caller's ty
 # torch's lazy form of torch.compiler.disable: the same break, but torch._dynamo (2-3x torch's
 # own import) is imported at the first call, not by importing this module (`zerorun convert`
 # reaches it through the checkpoint readers and never calls a collective)
-_opaque_to_compile = torch._disable_dynamo
+_opaque_to_compile = torch_compat.disable_compile
 
 # torch 2.13 deprecates the *_tensor names (a FutureWarning per call site) for the *_single
 # ones, same arguments; older torch has only the former
@@ -75,7 +76,7 @@ def group_timeout_s(group: dist.ProcessGroup | None, device: torch.device) -> fl
     so a lane wait gives up when the backend's own collectives would."""
     with suppress(AttributeError, RuntimeError):  # a backend without options: torch's default
         if group is not None:
-            return group._get_backend(device).options._timeout.total_seconds()
+            return torch_compat.group_timeout_s(group, device)
     return shm.WAIT_TIMEOUT_S
 
 

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
+from zerorun import torch_compat
 from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, refresh_together
 
@@ -87,7 +87,7 @@ class GatherStats:
 
 
 def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
+    return torch_compat.in_backward()
 
 
 class GatherCoordinator:
@@ -199,7 +199,7 @@ class GatherCoordinator:
         """
         fired = [False]
         frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen]
-        grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
+        grad_inputs = [t for t in torch_compat.tree_leaves(inputs) if torch.is_tensor(t) and t.requires_grad]
 
         def pre_backward(grad: torch.Tensor) -> None:
             if not fired[0]:
@@ -213,7 +213,7 @@ class GatherCoordinator:
                 self._close_frozen(frozen)
 
         hooked = False
-        for t in tree_flatten(output)[0]:
+        for t in torch_compat.tree_leaves(output):
             if torch.is_tensor(t) and t.requires_grad:
                 t.register_hook(pre_backward)
                 hooked = True
@@ -225,7 +225,7 @@ class GatherCoordinator:
         """A recomputed unit's frozen buckets that no outer hook closes (reentrant checkpointing ran the
         first forward without grad): released once the recomputation's inputs have their gradients."""
         frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen and self.frozen_open[bi] == 0]
-        grad_inputs = [t for t in tree_flatten(inputs)[0] if torch.is_tensor(t) and t.requires_grad]
+        grad_inputs = [t for t in torch_compat.tree_leaves(inputs) if torch.is_tensor(t) and t.requires_grad]
         if not (frozen and grad_inputs and torch.is_grad_enabled()):
             return
         for bi in frozen:

@@ -74,8 +74,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.autograd import Variable
 
+from zerorun import torch_compat
 from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.comm.quantized import quantized_reduce_scatter
 from zerorun.engine.mechanism.buckets import FlatBucket
@@ -144,7 +144,7 @@ class GradSyncBase:
         if not self.armed:  # a plain loss.backward(): arm now, finish when autograd is done
             self.prepare_backward(self.boundary())
             self.unscaled_passes += 1
-            Variable._execution_engine.queue_callback(self.finish_backward)
+            torch_compat.queue_backward_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
         if self.tracker.mark(bucket_index) and self._reduces_now():
             self._launch_complete(bucket_index)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.errors import EngineError
 from zerorun.engine.mechanism.param_state import ParamState
 
@@ -53,8 +53,7 @@ class ZeroParameter(nn.Parameter):
                 for t in (a if isinstance(a, (list, tuple)) else (a,)):
                     if isinstance(t, ZeroParameter):
                         _ensure_gathered(t)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+        return torch_compat.call_without_subclass(func, types, args, kwargs)
 
 
 def _ensure_gathered(param: ZeroParameter) -> None:

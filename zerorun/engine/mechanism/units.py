@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.gather import Unit
 from zerorun.engine.mechanism.param_state import ParamState
@@ -144,7 +145,7 @@ def plan_units(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collec
 def _move_buffers(module: nn.Module, device: torch.device) -> None:
     """Every module's buffers to ``device``, one module at a time (the parameters are already there)."""
     for m in module.modules():
-        names = [k for k, v in m._buffers.items() if v is not None]
+        names = [k for k, v in torch_compat.own_buffers(m).items() if v is not None]
         if names:
-            for k, t in zip(names, to_device([m._buffers[k] for k in names], device), strict=True):
-                m._buffers[k] = t
+            for k, t in zip(names, to_device([torch_compat.own_buffers(m)[k] for k in names], device), strict=True):
+                torch_compat.set_own_buffer(m, k, t)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zerorun import torch_compat
 from zerorun.engine.check_modes import env_modes
 from zerorun.engine.offload.copies import Transfers
 
@@ -93,7 +94,7 @@ class InFlight:
             if _storage_key(self.dst) != self.dst_storage:
                 raise CopyRaceError(f"the pinned destination of {what} (device->host) was freed or reallocated "
                                     "before its fence was waited for: on a GPU the copy writes released memory")
-            if self.dst._version != self.dst_version:
+            if torch_compat.version_counter(self.dst) != self.dst_version:
                 raise CopyRaceError(f"the pinned destination of {what} (device->host) was written before its "
                                     "fence was waited for: on a GPU the copy overwrites that write later")
             self.dst.copy_(self.snapshot)
@@ -145,7 +146,7 @@ class CopyStream:
             poison(dst)
         else:
             dst.copy_(src)
-        self.inflight.append(InFlight(self.seq, to_host, dst, src, snapshot, _storage_key(dst), dst._version))
+        self.inflight.append(InFlight(self.seq, to_host, dst, src, snapshot, _storage_key(dst), torch_compat.version_counter(dst)))
 
     def complete(self, upto: int) -> None:
         done = [c for c in self.inflight if c.seq <= upto]

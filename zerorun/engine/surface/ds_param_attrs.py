@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.mechanism.buckets import BucketPlan
 from zerorun.engine.mechanism.param_state import ParamState
 
@@ -112,7 +113,7 @@ def _part_of_shard(bucket: PartitionedBucket, offset: int, numel: int) -> torch.
     return local.narrow(0, start - lo, end - start)
 
 
-@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call (collectives.py)
+@torch_compat.disable_compile  # torch.compiler.disable, importing torch._dynamo at the first call (collectives.py)
 def sync(bucket: PartitionedBucket) -> None:
     """Write every parameter's DeepSpeed attributes from ``bucket`` (its state, shard and persistence)."""
     status = status_of(bucket)
@@ -130,7 +131,7 @@ def sync(bucket: PartitionedBucket) -> None:
         d["ds_tensor"] = _part_of_shard(bucket, slot.offset, slot.numel)
 
 
-@torch._disable_dynamo  # plain attribute writes on parameters: dynamo cannot trace them, so not in a graph
+@torch_compat.disable_compile  # plain attribute writes on parameters: dynamo cannot trace them, so not in a graph
 def sync_status(bucket: PartitionedBucket) -> None:
     """A state transition: only ``ds_status`` changes (the hot path: every gather and release)."""
     status = status_of(bucket)

@@ -1,0 +1,214 @@
+"""zerorun.torch_compat: each entry's private path and its fallback, both run on whatever torch runs
+the tests (``FORCE_FALLBACK`` takes the fallback where the private API exists), and they agree."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zerorun import torch_compat as tc
+
+PATHS = ["private", "fallback"]
+
+
+@pytest.fixture
+def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[set[str]]:
+    """The entries forced to their fallback: all of them for the "fallback" run, none otherwise."""
+    entries = {"current_graph_task_id", "call_without_subclass", "detached_tls", "tree_leaves", "disable_compile",
+               "compiler_runtime_module", "group_timeout_s", "fake_store", "version_counter", "own_parameters",
+               "own_buffers", "non_persistent_buffers",
+               "queue_backward_callback"}
+    chosen = entries if request.param == "fallback" else set()
+    monkeypatch.setattr(tc, "FORCE_FALLBACK", set(chosen))
+    yield chosen
+
+
+def _private_exists(owner: object, name: str) -> None:
+    if not hasattr(owner, name):
+        pytest.fail(f"this torch ({torch.__version__}) has no {name}: the private path cannot run here")
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_current_graph_task_id_tells_backward_from_forward(forced: set[str]) -> None:
+    if forced:  # required: no public fallback; its absence is a clear error naming the API
+        with pytest.raises(tc.TorchCompatError, match="_current_graph_task_id"):
+            tc.in_backward()
+        return
+    seen: list[bool] = []
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: seen.append(tc.in_backward()))
+    assert not tc.in_backward()
+    y.sum().backward()
+    assert seen == [True] and tc.current_graph_task_id() == -1
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_queue_backward_callback_runs_after_the_pass(forced: set[str]) -> None:
+    events: list[str] = []
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        events.append("hook")
+        if forced:
+            with pytest.raises(tc.TorchCompatError, match="_execution_engine"):
+                tc.queue_backward_callback(lambda: events.append("done"))
+        else:
+            tc.queue_backward_callback(lambda: events.append("done"))
+        return g
+
+    y.register_hook(hook)
+    (y * 3).sum().backward()
+    assert events == (["hook"] if forced else ["hook", "done"])
+
+
+class _Guarded(nn.Parameter):
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        cls.calls += 1
+        return tc.call_without_subclass(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_call_without_subclass_runs_the_op_once_as_on_a_plain_tensor(forced: set[str]) -> None:
+    p = nn.Parameter(torch.arange(4.0))
+    p.__class__ = _Guarded
+    _Guarded.calls = 0
+    out = torch.add(p, 1, alpha=2)
+    assert _Guarded.calls == 1  # the op inside did not dispatch back into the subclass
+    assert type(out) is torch.Tensor and torch.equal(out, torch.arange(4.0) + 2)
+    assert torch.equal(torch.nn.functional.linear(torch.ones(1, 4), p.view(1, 4)), torch.tensor([[6.0]]))
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_detached_tls_takes_backward_s_object_out_and_puts_it_back(forced: set[str]) -> None:
+    # torch 2.12 and older have no torch._C._remove_obj_from_tls: there the fallback is the private path too
+    detaches = not forced and all(hasattr(torch._C, name) for name in tc._TLS_NAMES)
+    assert tc.tls_can_detach() is detaches
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def in_tls() -> bool:
+        return bool(torch._C._is_key_in_tls("context")) if hasattr(torch._C, "_is_key_in_tls") else False
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        before = in_tls()
+        with tc.detached_tls("context"):
+            inside = in_tls()
+        seen.append((before, inside, in_tls()))
+        return g
+
+    x = torch.ones(2, requires_grad=True)
+    y = x * 3
+    y.register_hook(hook)
+    y.sum().backward()
+    assert len(seen) == 1
+    before, inside, after = seen[0]
+    assert after == before  # the state after is the state before
+    # detached: nothing inside; otherwise left as it is (torch 2.6 keeps no object there at all)
+    assert inside == (False if detaches else before)
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_tree_leaves_finds_the_tensors_in_nested_inputs(forced: set[str]) -> None:
+    a, b, c = torch.ones(1), torch.zeros(2), torch.full((3,), 2.0)
+    pair = collections.namedtuple("pair", "x y")
+    tree = ((a, [pair(b, 5)]), {"k": c, "o": collections.OrderedDict(z=None)})
+    leaves = tc.tree_leaves(tree)
+    assert [id(t) for t in leaves if torch.is_tensor(t)] == [id(a), id(b), id(c)]
+    assert [x for x in leaves if not torch.is_tensor(x)] == [5, None]
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_disable_compile_keeps_the_function_and_its_name(forced: set[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    wrapped: list[object] = []
+    if forced:
+        real = torch.compiler.disable
+        monkeypatch.setattr(torch.compiler, "disable", lambda fn: wrapped.append(fn) or real(fn))
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    f = tc.disable_compile(double)
+    assert wrapped == []  # nothing imported or wrapped at decoration time
+    assert f.__name__ == "double" and torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+    assert torch.equal(f(torch.ones(1)), torch.full((1,), 2.0))
+    assert wrapped == ([double] if forced else [])  # the fallback wraps once, at the first call
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_compiler_runtime_module_names_an_importable_module(forced: set[str]) -> None:
+    name = tc.compiler_runtime_module()
+    assert name == ("torch.compiler" if forced else "torch._dynamo")
+    __import__(name)
+    assert name in sys.modules
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_group_timeout_reads_the_group_s_timeout_or_says_it_cannot(forced: set[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=123))
+    try:
+        group = dist.group.WORLD
+        if forced:
+            with pytest.raises(AttributeError):
+                tc.group_timeout_s(group, torch.device("cpu"))
+        else:
+            assert tc.group_timeout_s(group, torch.device("cpu")) == 123.0
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_fake_store_is_a_store_and_registers_the_fake_backend(forced: set[str]) -> None:
+    store = tc.fake_store()
+    assert isinstance(store, dist.Store)
+    assert "fake" in dist.Backend.backend_list
+    assert type(store).__name__ == ("HashStore" if forced else "FakeStore")
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_version_counter_counts_in_place_writes(forced: set[str]) -> None:
+    t = torch.zeros(3)
+    if forced:  # required: no public reader
+        with pytest.raises(tc.TorchCompatError, match="_version"):
+            tc.version_counter(t)
+        return
+    v0 = tc.version_counter(t)
+    t.add_(1)
+    t[0] = 5
+    assert tc.version_counter(t) == v0 + 2
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2))
+        self.register_parameter("gone", None)
+        self.register_buffer("kept", torch.zeros(2))
+        self.register_buffer("scratch", torch.ones(1), persistent=False)
+        self.child = nn.Linear(2, 2)
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_module_entries_see_a_module_s_own_parameters_and_buffers(forced: set[str]) -> None:
+    m = _Net()
+    params, buffers = tc.own_parameters(m), tc.own_buffers(m)
+    assert params["w"] is m.w and "weight" not in params  # own only, not the child's
+    assert set(buffers) == {"kept", "scratch"} and buffers["kept"] is m.kept
+    assert ("gone" in params) is not forced  # the live dict keeps the None slot, named_parameters skips it
+    assert tc.non_persistent_buffers(m) == {"scratch"}
+    new = torch.full((1,), 7.0)
+    tc.set_own_buffer(m, "scratch", new)
+    assert m.scratch is new and "scratch" not in m.state_dict()  # still a non-persistent buffer
+    params["w"].data = torch.zeros(2)
+    assert torch.equal(m.w, torch.zeros(2))
