@@ -204,7 +204,7 @@ class Transfers:
         if self.on_host(src) or not (self.pins and self.is_pinned(dst)):
             dst.copy_(src)
             return None
-        return self._side_issue(dst, src.detach())
+        return self._side_issue(dst, src)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Fence | None:
         """``dst.copy_(src)``; between host and device through pinned memory it is queued on the
