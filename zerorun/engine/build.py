@@ -42,6 +42,8 @@ from zerorun.engine.mechanism.units import plan_units
 from zerorun.engine.numerics.compensated import Compensation
 from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.offload import OffloadPolicy, wrap_masters
+from zerorun.engine.offload.host import device_buckets
+from zerorun.engine.offload.host_grads import grad_home
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.policy import StagePolicy
 
@@ -167,19 +169,21 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         group.open_shared_lane(layout.largest())
     coordinator = None
     param_store = None
+    # offload: the gradient sums live in host memory (Twin-Flow's device buckets keep theirs on the device)
+    home = grad_home(offload, device_buckets(len(layout.buckets), offload.ratio) if offload else ())
     if policy.shard_parameters:
         coordinator = GatherCoordinator([*layout.buckets, *layout.frozen], layout.units,
                                         GatherPolicy.from_config(zero_cfg))
         masters, param_store = _unit_masters(layout, coordinator, precision, offload, param_offload, optimizer)
         # units under this share reduce-scatters
         grad_sync = policy.grad_sync(layout.buckets, coll, reduce, coordinator, min(bucket_size, COALESCE_LIMIT),
-                                     replica=pg.replica)
+                                     replica=pg.replica, home=home)
     else:
         masters = streamed_masters(layout.buckets, master_data, alias, policy, coll, offload, optimizer)
         # the staging holds at most what DeepSpeed's bucket(s) would: reduce_bucket_size elements, twice
         # with overlap_comm; the layout's smaller buckets then let backward run ahead of the reductions
         staging = bucket_size * (2 if reduce.overlap_comm else 1)
-        grad_sync = policy.grad_sync(layout.buckets, coll, replace(reduce, staging_numel=staging))
+        grad_sync = policy.grad_sync(layout.buckets, coll, replace(reduce, staging_numel=staging), home=home)
     masters.bind_optimizer(optimizer, layout.group_of_bucket)
     if precision.compensation != "none":
         masters.set_compensation(Compensation(precision.compensation, coll.rank, ctx.device))

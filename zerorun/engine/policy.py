@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.errors import EngineError
+from zerorun.engine.mechanism.accumulator import GradHome
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.full_grads import FullGradSync
 from zerorun.engine.mechanism.gather import GatherCoordinator
@@ -29,16 +30,22 @@ class StagePolicy:
 
     def grad_sync(self, buckets: list[FlatBucket], coll: Collectives, reduce: ReducePolicy,
                   coordinator: GatherCoordinator | None = None, coalesce_numel: int = 0,
-                  replica: Collectives | None = None) -> GradSyncBase:
+                  replica: Collectives | None = None, home: GradHome | None = None) -> GradSyncBase:
         """The reducer: all-reduce (or reduce-scatter into the owned chunk) in layout order, or, with sharded
         parameters, reduce-scatter per unit as its gradients complete (small units coalesced), over ``coll``
-        (the shard group), then summed across ``replica`` (MiCS) at the boundary."""
+        (the shard group), then summed across ``replica`` (MiCS) at the boundary.
+
+        ``home`` (optimizer offload): the host memory the gradient sums live in, each reduced chunk landed
+        there during backward. The sharded reducer is the one that lands them, so stage 1 with offload
+        reduces as stage 2 does (every micro-step, from staging buffers): a full gradient buffer kept on
+        the device is what offload exists to drop (DeepSpeed's stage 1 keeps none either at one micro-step
+        per step; with more it keeps the 16-bit ``param.grad`` between boundaries)."""
         if self.shard_parameters:
             assert coordinator is not None, "sharded parameters are released by the gather coordinator"
             return UnitGradSync(buckets, coll, reduce, coordinator, coalesce_numel,  # type: ignore[arg-type]
-                                replica=replica)
-        if self.shard_gradients:
-            return ShardedGradSync(buckets, coll, reduce)
+                                replica=replica, home=home)
+        if self.shard_gradients or (home is not None and self.shard_optimizer):
+            return ShardedGradSync(buckets, coll, reduce, home)
         return FullGradSync(buckets, coll, reduce, scatter=self.shard_optimizer)
 
 

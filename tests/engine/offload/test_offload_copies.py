@@ -140,3 +140,58 @@ def test_data_read_every_step_is_pinned_through_a_fixed_ring() -> None:
         pins.append(cuda.log.count("alloc pinned"))
     assert pins[1] <= 3 and pins[1:] == [pins[1]] * 4, pins  # two slots, grown once to the largest read
     assert Transfers(True, FakeCuda(False)).staged(read) is read  # nothing to pin without CUDA
+
+
+def test_a_gradient_chunk_goes_down_on_a_side_stream_after_the_current_ones_work() -> None:
+    """side_down: the side stream waits for the current stream (the reduction's result), the copy and its
+    event are on the side stream, the source is marked used there; order_after makes the current stream
+    wait for that event (no host sync). Not pinned: a plain copy, complete on return."""
+    import contextlib
+
+    cuda = FakeCuda()
+    current = "current"
+
+    class Stream:
+        def __init__(self, name: str = "side") -> None:
+            self.name = name
+
+        def wait_stream(self, other: object) -> None:
+            cuda.log.append(f"{self.name} waits for {other}")
+
+        def wait_event(self, event: object) -> None:
+            cuda.log.append(f"{self.name} waits for an event")
+
+        def __str__(self) -> str:
+            return self.name
+
+    @contextlib.contextmanager
+    def stream(s: Stream):  # noqa: ANN202 - torch.cuda.stream's shape
+        nonlocal current
+        before, current = current, s.name
+        cuda.log.append(f"on {s.name}")
+        yield
+        current = before
+
+    cuda.Stream, cuda.stream = Stream, stream
+    cuda.current_stream = lambda: Stream(current)
+    t = Mocked(True, cuda)
+    t.is_pinned = lambda x: id(x) in t.pinned_ids  # type: ignore[method-assign]
+    issued: list[str] = []
+    host = t.host_empty(3, torch.float32)
+    src = t.gpu(torch.ones(3))
+    recorded: list[str] = []
+    src.record_stream = lambda s: recorded.append(s.name)  # type: ignore[method-assign]
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, other, non_blocking=False: (  # type: ignore[method-assign]
+            issued.append(f"{current} non_blocking={non_blocking}"), real_copy(self, other))[1]
+        fence = t.side_down(host, src)
+    finally:
+        torch.Tensor.copy_ = real_copy  # type: ignore[method-assign]
+    assert fence is not None and host.tolist() == [1, 1, 1]
+    assert issued == ["side non_blocking=True"] and recorded == ["side"]
+    assert cuda.log == ["alloc pinned", "side waits for current", "on side", "record"]
+    t.order_after(fence)
+    assert cuda.log[-1] == "current waits for an event" and t.syncs == 0
+    plain = Mocked(False, FakeCuda())
+    assert plain.side_down(torch.zeros(3), plain.gpu(torch.ones(3))) is None  # pageable: blocking, done

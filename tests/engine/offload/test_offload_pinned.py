@@ -2,8 +2,9 @@
 
 torch's caching host allocator keeps every pinned block it ever handed out, so what a run
 keeps pinned is the peak of its live pinned buffers. With parameters and optimizer on NVMe
-that peak is the staging ring (two slots of the largest shard) and the gradient shards the
-CPU step reads; the masters and the parameter shards rest in files, so their host copies on
+that peak is the staging ring (two slots of the largest shard; while a slot grows to a larger
+shard, the one it replaces too) and the gradient sums (in host memory from backward on,
+zerorun.engine.offload.host_grads); the masters and the parameter shards rest in files, so their host copies on
 the way there are pageable. 9b6a4ae pinned a fresh host copy of every stepped shard before
 writing it out, and the initial masters, so NVMe kept as much pinned as CPU offload.
 The stand-in (``ZERORUN_CHECK_COPIES=deferred``) stands for CUDA; its "pinned" buffers are
@@ -42,7 +43,7 @@ def _pinned_peak(kind: str, root: Path) -> dict[str, Any]:
             engine.step()
     buckets = engine.parts.buckets
     shard = [b.shard_numel * b._placeholder.element_size() for b in buckets]
-    out = {"peak": ledger.peak["pinned"], "ring": 2 * max(shard), "grads": sum(4 * b.shard_numel for b in buckets),
+    out = {"peak": ledger.peak["pinned"], "ring": 2 * max(shard), "shard": max(shard), "grads": sum(4 * b.shard_numel for b in buckets),
            "shards": sum(shard), "stand_in": isinstance(engine.parts.param_offload.copies,
                                                         copy_checks.DeferredTransfers)}
     engine.parts.param_offload.close()
@@ -57,7 +58,7 @@ def test_nvme_keeps_the_ring_and_the_gradients_pinned_no_more(tmp_path: Path, mo
     nvme = _pinned_peak("nvme", tmp_path / "swap")
     cpu = _pinned_peak("cpu", tmp_path / "unused")
     assert nvme["stand_in"] and nvme["peak"] > 0
-    assert nvme["peak"] <= nvme["ring"] + nvme["grads"], nvme
-    # cpu offload pins the resting shards besides; the host step's pipeline (offload/host.py) copies the
-    # gradients down a chunk at a time, so fewer than all of them are pinned at once
-    assert cpu["shards"] <= cpu["peak"] < cpu["shards"] + cpu["grads"], (nvme, cpu)
+    assert nvme["grads"] <= nvme["peak"] <= nvme["ring"] + nvme["shard"] + nvme["grads"], nvme
+    # cpu offload pins the resting shards and the fp32 masters (as many bytes as the sums) besides the same
+    # gradient sums (fp32 reductions land straight in them: no landing slot)
+    assert cpu["peak"] == cpu["shards"] + 2 * cpu["grads"], (nvme, cpu)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
+from zerorun.engine.mechanism.accumulator import ShardAccumulator
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
-from zerorun.engine.mechanism.sharded_grads import ShardAccumulator
 
 
 class FullGradSync(GradSyncBase):

@@ -1,9 +1,8 @@
 """Gradients kept as fp32 shards (stages 2 and 3): staged, reduce-scattered every micro-step, summed.
 
-* :class:`ShardAccumulator`: the fp32 sum of a bucket's reduced chunks. The first addition
-  since :meth:`~ShardAccumulator.zero` overwrites (no memset on the common path), later ones
-  add; read with nothing added, it is zeroed then. Stage 1 uses it too, only when a second
-  backward lands on a micro-step already reduced (a GAN's discriminator: real, then fake).
+* :class:`~zerorun.engine.mechanism.accumulator.ShardAccumulator`: the fp32 sum of a bucket's
+  reduced chunks, on the device or, with optimizer offload, in host memory (each chunk landed
+  there as its reduction completes: :mod:`zerorun.engine.mechanism.accumulator`).
 * :class:`ShardedGradSync` (stage 2): each gradient is copied into a bucket-sized staging
   buffer and freed; a complete bucket is reduce-scattered (in layout order) and the rank's
   chunk added to its accumulator (the first reduction since ``zero()`` sums and averages
@@ -29,11 +28,14 @@ from __future__ import annotations
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.comm.sums import land
+from zerorun.engine.mechanism.accumulator import GradHome, ShardAccumulator
 from zerorun.engine.mechanism.buckets import FlatBucket, zero_padding
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.mechanism.partition import PartitionedBucket
+from zerorun.engine.offload.copies import Fence
+
+__all__ = ["ReplicaSum", "ShardAccumulator", "ShardedGradSync", "UnitGradSync"]
 
 # Stage 2 keeps at most this many staging buffers (of one bucket each), however large
 # reduce_bucket_size: with capped buckets four let backward run ahead of the reductions,
@@ -46,66 +48,14 @@ MAX_STAGING_BUFFERS = 4
 COALESCE_LIMIT = 1 << 20
 
 
-class ShardAccumulator:
-    """One accumulator per bucket, of the bucket's shard size, in the masters' dtype (fp32 unless bf16 masters)."""
-
-    def __init__(self, buckets: list[FlatBucket], eager: bool, dtype: torch.dtype = torch.float32) -> None:
-        self.buckets = buckets
-        self.dtype = dtype
-        self.acc: list[torch.Tensor | None] = [self._new(b) if eager else None for b in buckets]
-        self.fresh = [True] * len(buckets)  # holds nothing since the last zero(): overwrite, not add
-
-    def _new(self, bucket: FlatBucket) -> torch.Tensor:
-        return torch.zeros(bucket.shard_numel, dtype=self.dtype, device=bucket.data.device)
-
-    def add(self, index: int, part: torch.Tensor, alpha: float = 1.0) -> None:
-        """Add ``alpha * part`` (a reduced chunk) to bucket ``index``'s sum."""
-        acc = self._buffer(index)
-        if self.fresh[index]:
-            land(acc, part, alpha)  # cast, then scale in the sum's dtype, as the later add_ does
-            self.fresh[index] = False
-        else:
-            acc.add_(part, alpha=alpha)
-
-    def _buffer(self, index: int) -> torch.Tensor:
-        acc = self.acc[index]
-        if acc is None:
-            acc = self.acc[index] = self._new(self.buckets[index])
-        return acc
-
-    def fresh_target(self, index: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """Bucket ``index``'s sum buffer when the next addition overwrites it and a ``dtype`` reduction can
-        write there itself (a reduce-scatter's ``out``, scaled as :meth:`add` scales: no copy of the reduced
-        chunk); then :meth:`landed`."""
-        return self._buffer(index) if self.fresh[index] and dtype == self.dtype else None
-
-    def landed(self, index: int) -> None:
-        """A reduction wrote bucket ``index``'s scaled chunk into :meth:`fresh_target`'s buffer."""
-        self.fresh[index] = False
-
-    def holds(self, index: int) -> bool:
-        return not self.fresh[index]
-
-    def get(self, index: int) -> torch.Tensor:
-        acc = self.acc[index]
-        assert acc is not None
-        if self.fresh[index]:  # nothing added since zero() (a step without backward): the sum is zero
-            acc.zero_()
-        return acc
-
-    def zero(self) -> None:
-        self.fresh = [True] * len(self.buckets)  # the next add overwrites: no memset per step
-
-    def nbytes(self) -> int:
-        return sum(a.numel() * a.element_size() for a in self.acc if a is not None)
-
-
 class ShardedGradSync(GradSyncBase):
     """Stage 2: reduce-scatter every micro-step from staging buffers; keep only an fp32 gradient shard."""
 
-    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy) -> None:
+    def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy,
+                 home: GradHome | None = None) -> None:
+        """``home``: with optimizer offload, the host memory the offloaded buckets' sums live in."""
         super().__init__(buckets, coll, policy)
-        self.accum = ShardAccumulator(buckets, eager=True, dtype=policy.accum_dtype)
+        self.accum = ShardAccumulator(buckets, eager=True, dtype=policy.accum_dtype, home=home)
         size = max(b.plan.padded_numel for b in buckets)
         dtype, device = buckets[0].data.dtype, buckets[0].data.device
         self._new = lambda: torch.empty(size, dtype=dtype, device=device)
@@ -119,6 +69,7 @@ class ShardedGradSync(GradSyncBase):
         self.extra_allocated = 0
         self.staging: dict[int, torch.Tensor] = {}
         self.filled: dict[int, list[bool]] = {}
+        self.landing: dict[int, Fence] = {}  # id of a free buffer -> the fence of the landing that reads it
 
     def _reduces_now(self) -> bool:
         return True  # DeepSpeed's stage 2 reduces on every micro-step
@@ -138,6 +89,7 @@ class ShardedGradSync(GradSyncBase):
             self.allocated += 1
             self.free.append(self._new())
         buf = self.free.pop()
+        self.accum.before_reuse(self.landing.pop(id(buf), None))  # its chunk's copy to the host read it first
         self.staging[bucket_index] = buf
         self.filled[bucket_index] = [False] * len(self.buckets[bucket_index].params)
         return buf
@@ -176,14 +128,33 @@ class ShardedGradSync(GradSyncBase):
         def done(comm: torch.Tensor) -> None:
             if out is not None:
                 self.accum.landed(bucket_index)
+                fence = None
             else:
-                self.accum.add(bucket_index, bucket.shard(comm), self.post)
-            self.free.append(buf)
+                fence = self.accum.add(bucket_index, bucket.shard(comm), self.post)
+            self._release(buf, fence if comm.untyped_storage() is buf.untyped_storage() else None)
 
         self._reduce(flat, True, done, out, self.post if out is not None else 1.0)
+        self._complete_ready()
+
+    def _release(self, buf: torch.Tensor, fence: Fence | None) -> None:
+        """``buf`` back to the free list at once; with ``fence`` (its chunk is being copied to the host), its
+        next user's writes are ordered after that copy (:meth:`_acquire`)."""
+        if fence is not None:
+            self.landing[id(buf)] = fence
+        self.free.append(buf)
+
+    def _complete_ready(self) -> None:
+        """Complete the reductions that have finished, oldest first: their chunks land (offload: start for the
+        host) while backward goes on, rather than when the pass ends or a buffer is short."""
+        while self.inflight and self.inflight[0].ready():
+            self.inflight.popleft().wait()
 
     def owned_grads(self) -> list[torch.Tensor]:
         return [self.accum.get(i) for i in range(len(self.buckets))]
+
+    def finish_backward(self) -> None:
+        super().finish_backward()
+        self.accum.settle()  # the pass's chunks are in their host sums: the device buffers are free
 
     def zero(self) -> None:
         self.accum.zero()
@@ -204,9 +175,9 @@ class UnitGradSync(ShardedGradSync):
 
     def __init__(self, buckets: list[PartitionedBucket], coll: Collectives, policy: ReducePolicy,
                  coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT,
-                 replica: Collectives | None = None) -> None:
+                 replica: Collectives | None = None, home: GradHome | None = None) -> None:
         """``replica`` (MiCS): the ranks holding the same shards; the boundary's shards are summed over it."""
-        super().__init__(buckets, coll, policy)  # type: ignore[arg-type]
+        super().__init__(buckets, coll, policy, home)  # type: ignore[arg-type]
         self.replicas = ReplicaSum(self.accum, replica) if replica is not None else None
         if replica is not None and policy.average:  # the mean is over the world: the group's ranks x its replicas
             self.post = policy.predivide / (coll.world_size * replica.world_size)
@@ -261,7 +232,8 @@ class UnitGradSync(ShardedGradSync):
                 self.accum.add(bi, part.narrow(0, offset, shard), self.post)
 
         assert flat.numel() == world * total
-        self._reduce(flat, True, done)
+        self._reduce(flat, True, done)  # a landing's copy keeps the group's memory (record_stream on CUDA)
+        self._complete_ready()
 
     def held_bytes(self) -> tuple[int, int]:
         """:class:`ShardedGradSync`'s figures, plus the group buffer while a group is being filled (none at rest)."""

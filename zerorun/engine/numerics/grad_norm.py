@@ -17,10 +17,17 @@ def global_norm_sq(owned: list[torch.Tensor], sharded: bool, coll: Collectives) 
     ``sharded``: the owned tensors partition the gradient across ranks (sum over ranks);
     otherwise every rank holds the same full gradient (no communication needed).
     """
-    device = owned[0].device if owned else torch.device("cpu")
-    local = torch.zeros((), dtype=torch.float32, device=device)
+    # with optimizer offload the shards are in host memory: each device sums its own, in order, and the
+    # sum crosses to the group's device once (a single device: the same additions as one running sum)
+    device = (coll.device if sharded and not coll.simulated
+              else owned[0].device if owned else torch.device("cpu"))
+    partial: dict[torch.device, torch.Tensor] = {}
     for g in owned:
-        local += torch.linalg.vector_norm(g, dtype=torch.float32).square()
+        sq = torch.linalg.vector_norm(g, dtype=torch.float32).square()
+        partial[g.device] = partial[g.device] + sq if g.device in partial else sq
+    local = torch.zeros((), dtype=torch.float32, device=device)
+    for part in partial.values():
+        local += part.to(device)
     if sharded:
         coll.all_reduce(local.reshape(1))
     if coll.simulated:  # the fake group's sum is undefined (and a meta tensor holds none): finite, no clipping

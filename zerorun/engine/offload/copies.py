@@ -15,7 +15,14 @@ issued here, :meth:`Transfers._issue`; tests/engine/offload/test_copy_checks.py 
   (host->device) by the CPU until the copy's fence (returned by ``copy``) or
   :meth:`Transfers.wait` has been waited for;
 * a slot of the pinned ring (:meth:`Transfers.staged`) is overwritten only after the copy
-  that read it last is waited for, on that copy's own fence.
+  that read it last is waited for, on that copy's own fence;
+* a reduced gradient chunk goes to its host sum off the compute stream
+  (:meth:`Transfers.side_down`): on a side stream that first waits for the current stream
+  (the reduction's result), so backward's kernels keep running while it copies; its fence is
+  recorded there, the CPU waits for it before reading the host side, and the compute stream
+  waits for it (:meth:`Transfers.order_after`, no host sync) before it writes the device
+  buffer the copy read. The source is marked used on the side stream (``record_stream``), so
+  freeing it on the compute stream does not hand its memory out before the copy is done.
 
 With a CPU compute device every copy is a same-device no-op and nothing is synchronised.
 ``cuda`` is a constructor argument so that the sync discipline is testable without a GPU;
@@ -58,6 +65,7 @@ class Transfers:
         self._ring: list[torch.Tensor] = []  # pinned buffers of staged(), reused
         self._slot_fence: list[Fence | _Lent | None] = []  # per slot: the fence of the copy that read it last
         self._turn = 0
+        self._side: Any = None  # the side stream of side_down (made on first use)
 
     # ---- seams (the only places that touch pinned memory, issue an asynchronous copy or ask where
     # a tensor is; the stand-in of copy_checks overrides them) -------------------------------------
@@ -82,6 +90,22 @@ class Transfers:
         event.record()  # on the current stream, after everything issued on it so far
         return event
 
+    def _side_issue(self, dst: torch.Tensor, src: torch.Tensor) -> Fence:
+        """``dst.copy_(src)`` (device->pinned host) on the side stream, after the current stream's work so far."""
+        if self._side is None:
+            self._side = self.cuda.Stream()
+        self._side.wait_stream(self.cuda.current_stream())
+        with self.cuda.stream(self._side):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self._side)
+            event = self.cuda.Event()
+            event.record()  # on the side stream
+        return event
+
+    def order_after(self, fence: Fence) -> None:
+        """The current stream's later work waits for ``fence`` (a side copy's source is written next)."""
+        self.cuda.current_stream().wait_event(fence)
+
     def _unconsumed_slot(self, index: int) -> None:
         """A slot is reused that staged() handed out but no copy through :meth:`copy` read: whatever read it
         was issued elsewhere, so nothing says it is done; wait for all the current stream holds."""
@@ -92,6 +116,12 @@ class Transfers:
     def pinned(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (a host tensor) in pinned memory when the policy pins, else ``t`` itself."""
         return self._pin(t) if self.pins and not self.is_pinned(t) else t
+
+    def host_empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A new 1-D host buffer, pinned when the policy pins (then copies to and from it are asynchronous)."""
+        if self.pins:
+            return self._pinned_empty(torch.Size([numel]), dtype)
+        return torch.empty(numel, dtype=dtype, device=HOST)
 
     def staged(self, t: torch.Tensor, slots: int = 2) -> torch.Tensor:
         """``t`` (a host tensor) copied into one of a fixed ring of pinned buffers when pinning, else ``t``.
@@ -166,6 +196,15 @@ class Transfers:
             out.append(buf)
             issued = True
         return out, (self._fence() if issued else None)
+
+    def side_down(self, dst: torch.Tensor, src: torch.Tensor) -> Fence | None:
+        """``dst.copy_(src)`` from the device into host memory, off the compute stream when ``dst`` is pinned:
+        the fence to wait for before the CPU reads ``dst``, and to order the next write of ``src`` after
+        (:meth:`order_after`). ``None``: the copy is complete on return (nothing pinned, or host to host)."""
+        if self.on_host(src) or not (self.pins and self.is_pinned(dst)):
+            dst.copy_(src)
+            return None
+        return self._side_issue(dst, src)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Fence | None:
         """``dst.copy_(src)``; between host and device through pinned memory it is queued on the

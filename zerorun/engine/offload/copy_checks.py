@@ -20,6 +20,11 @@ other tensor as a device tensor. Then, for every copy they queue:
 * a slot of the pinned ring (:meth:`Transfers.staged`) reused before the copy that read it
   was waited for, or never read through :meth:`Transfers.copy` at all (then nothing could
   wait for the copy: it was issued elsewhere), raises :class:`CopyRaceError` at the reuse.
+* a side-stream copy (:meth:`Transfers.side_down`, a reduced gradient chunk going to its host
+  sum) is device->host as above, and its device source is watched too: the side stream is
+  not ordered with the compute stream, so a source written before the copy's fence was
+  passed (waited for, or :meth:`Transfers.order_after`: here the CPU is the compute stream,
+  so ordering after the fence completes the copy) raises :class:`CopyRaceError`.
 
 Every stand-in transfer shares one :class:`CopyStream` per process (on a GPU they share the
 current stream: an event recorded by one covers the copies queued by all before it).
@@ -37,7 +42,7 @@ import torch
 
 from zerorun import torch_compat
 from zerorun.engine.check_modes import env_modes
-from zerorun.engine.offload.copies import Transfers
+from zerorun.engine.offload.copies import Fence, Transfers
 
 CHECK_ENV = "ZERORUN_CHECK_COPIES"
 MODES = frozenset({"deferred"})
@@ -87,8 +92,16 @@ class InFlight:
     snapshot: torch.Tensor
     dst_storage: tuple[int, int]
     dst_version: int
+    side: bool = False  # issued on the side stream: its device source must stay as it was until the fence
 
     def complete(self) -> None:
+        if self.side and not _same(self.src, self.snapshot):
+            raise CopyRaceError(f"the device source of a side-stream copy of {self.dst.numel()} {self.dst.dtype} "
+                                "(device->host) was written before the copy's fence was passed: on a GPU the "
+                                "copy may read the new bytes (order the write after it: Transfers.order_after)")
+        self._complete()
+
+    def _complete(self) -> None:
         what = f"a non_blocking copy of {self.dst.numel()} {self.dst.dtype}"
         if self.to_host:
             if _storage_key(self.dst) != self.dst_storage:
@@ -139,14 +152,14 @@ class CopyStream:
         ref = self._pinned.get((id(storage), storage.nbytes()))
         return ref is not None and ref() is storage
 
-    def issue(self, dst: torch.Tensor, src: torch.Tensor, to_host: bool) -> None:
+    def issue(self, dst: torch.Tensor, src: torch.Tensor, to_host: bool, side: bool = False) -> None:
         self.seq += 1
         snapshot = src.detach().clone()
         if to_host:
             poison(dst)
         else:
             dst.copy_(src)
-        self.inflight.append(InFlight(self.seq, to_host, dst, src, snapshot, _storage_key(dst), torch_compat.version_counter(dst)))
+        self.inflight.append(InFlight(self.seq, to_host, dst, src, snapshot, _storage_key(dst), torch_compat.version_counter(dst), side))
 
     def complete(self, upto: int) -> None:
         done = [c for c in self.inflight if c.seq <= upto]
@@ -209,6 +222,15 @@ class DeferredTransfers(Transfers):
 
     def _issue(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         self.stream.issue(dst, src, to_host=self.on_host(dst))
+
+    def _side_issue(self, dst: torch.Tensor, src: torch.Tensor) -> StandInEvent:
+        self.stream.issue(dst, src, to_host=True, side=True)
+        event = StandInEvent(self.stream)
+        event.record()
+        return event
+
+    def order_after(self, fence: Fence) -> None:
+        fence.synchronize()  # the CPU is the compute stream: its next write runs now
 
     def _settle_slot(self, k: int) -> None:
         super()._settle_slot(k)

@@ -11,6 +11,9 @@ The step is a pipeline over the chunks the step already has
 
     chunk k+1's gradients are queued down  |  chunk k steps on the CPU  |  chunk k-1's masters go up
 
+(the gradients of offloaded buckets are in host memory already, landed there during backward by
+:mod:`.host_grads`: their "queue down" passes them through, so only the uploads overlap the step)
+
 The CPU waits for chunk k's own down-copy fence only, right before it steps it, and
 queues chunk k's upload as soon as it is stepped: on a GPU the copy engine moves chunk
 k+1 down and chunk k-1 up while the CPU steps chunk k. The uploads are waited for before

@@ -77,6 +77,7 @@ class NvmeMasters(HostMasters):
             futures.append(self.swapper.write(f"b{i}.master", m.data))
             futures.extend(self.swapper.write(f"b{i}.{k}", state[k]) for k in self.keys[i])
             m.data = torch.empty(0, device="cpu")
+            self._bind_bucket(i)
             for k in self.keys[i]:
                 state[k] = torch.empty(0, dtype=state[k].dtype, device="cpu")
         if wait:
@@ -108,9 +109,18 @@ class NvmeMasters(HostMasters):
             # allocator between steps (which NVMe offload exists to avoid); publish copies up synchronously
             if key is None:
                 m.data = t
+                self._bind_bucket(i)
             else:
                 self.optimizer.state[m][key] = t
             self._reading.discard(i)
+
+    def _bind_bucket(self, i: int) -> None:
+        """A stage-3 bucket's handle on its master follows the master in and out: a handle kept on a
+        swapped-out master held its bytes in memory (and a gathered edit went to that stale copy)."""
+        b = self.inner.buckets[i]
+        if hasattr(b, "master"):
+            m = self.inner.masters[i]
+            b.master = m.data if m.data.numel() == self.numels[i] else None
 
     def swap_in(self) -> None:
         """Read every master and state shard back (``buffer_count`` reads in flight)."""

@@ -80,7 +80,8 @@ class ParamOffload:
         """The bucket's new resting shard (compute dtype): into host memory, or written to its file."""
         i = self.index[id(bucket)]
         if self.swapper is None:
-            if bucket.local is None or bucket.local.device.type != "cpu" or bucket.local.numel() == 0:
+            # "not in host memory" as the copier sees it (the deferred stand-in's device is the CPU too)
+            if bucket.local is None or not self.copies.on_host(bucket.local) or bucket.local.numel() == 0:
                 bucket.local = self.copies.host_copy(shard)
             else:
                 self.copies.copy(bucket.local, shard)  # queued from a device; waited for in flush()
