@@ -25,6 +25,7 @@ from zerorun.engine.comm.counter import KINDS
 from zerorun.engine.metrics import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
+from zerorun.simulate.host import host_stand_in
 from zerorun.simulate.peak import measured, return_freed_memory
 
 PHASES = ("setup", "forward", "backward", "step")
@@ -139,7 +140,7 @@ def run(req: SimRequest) -> SimResult:
         return_freed_memory()  # the peaks are then the engine's, not glibc's retention
     phases = {name: PhaseFigures() for name in PHASES}
     began = time.perf_counter()
-    with world(sim.world_size, sim.rank, sim.device):
+    with world(sim.world_size, sim.rank, sim.device), host_stand_in(sim.device == "meta"):
         torch.manual_seed(0)
         with measured(cpu) as peak:
             t0 = time.perf_counter()
@@ -147,6 +148,8 @@ def run(req: SimRequest) -> SimResult:
             engine, _, _, _ = zerorun.initialize(model=module, model_parameters=module.parameters(),
                                                  config=req.config)
         phases["setup"].add(time.perf_counter() - t0, peak.start, peak.peak)
+        if not cpu:
+            _unfuse(engine.optimizer)
         setup = _plus(init_traffic, _counts(engine.comm_stats()))
         tokens = torch.zeros(engine.train_micro_batch_size_per_gpu(), req.seq_len, dtype=torch.long,
                              device=engine.device)
@@ -172,6 +175,15 @@ def run(req: SimRequest) -> SimResult:
             persistent_numel=persistent,
             setup=setup, steps=steps, step_phases=step_phases, memory=_bookkeeping(engine), forward_params=forward_params,
             kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began)
+
+
+def _unfuse(optimizer: Any) -> None:
+    """The for-loop kernel for a host step on meta: torch's fused kernel checks for a real CPU tensor
+    (the step's temporaries live in host memory either way, never on the device)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in [*getattr(inner, "param_groups", []), getattr(inner, "defaults", {})]:
+        if group.get("fused"):
+            group["fused"], group["foreach"] = False, False
 
 
 def _phase(figures: PhaseFigures, cpu: bool, fn: Callable[[], Any]) -> Any:
