@@ -135,7 +135,9 @@ def test_offload_optimizer_keeps_only_the_16bit_parameters_on_the_device() -> No
             assert off.cpu == 12 * psi // n + 4 * psi // n and off.nvme == 0
             assert off.total == off.params + off.cpu
     nvme = model_states(Training(psi, n, fp32_grad_accum=True), Placement(3, Offload.NVME))
-    assert nvme.cpu == 0 and nvme.nvme == 16 * psi // n
+    assert nvme.cpu == 0 and nvme.nvme == 16 * psi // n  # DeepSpeed's layout: its fp32 partition is swapped
+    nvme = model_states(Training(psi, n), Placement(3, Offload.NVME))
+    assert nvme.cpu == 4 * psi // n and nvme.nvme == 16 * psi // n  # the host accumulator, swapped at the step
 
 
 def test_offload_param_moves_the_parameter_shard() -> None:

@@ -252,8 +252,12 @@ def _placed(params: int, gradients: int, master: int, states: int, grad_accum: i
         gradients = host_grads
         kept_states, kept_accum = round((master + states) * (1 - r)), round(grad_accum * (1 - r))
         kept_grads = round(gradients * (1 - r))
-        moved[placement.offload_optimizer] += (master + states + grad_accum + gradients
-                                               - kept_states - kept_accum - kept_grads)
+        moved[placement.offload_optimizer] += master + states + grad_accum - kept_states - kept_accum
+        # the accumulator is host memory with either device (pinned, written as reductions land); NVMe also
+        # keeps the gradients in swap files from the boundary to the step, as DeepSpeed does
+        moved[Offload.CPU] += gradients - kept_grads
+        if placement.offload_optimizer is Offload.NVME:
+            moved[Offload.NVME] += gradients - kept_grads
         gpu["optimizer_states"] = kept_states
         gpu["grad_accum"] = kept_accum
         gpu["gradients"] = kept_grads
