@@ -7,8 +7,9 @@ optimizer's state, the offload's host buffers), each storage counted once, split
 it lives (:func:`zerorun.simulate.host.is_host`). Activations are not reachable from the
 engine (autograd holds them), so they are left out, as the estimate's model-state rows
 leave them out. A :class:`ResidentPeak` samples after set-up, after forward, inside
-backward (whenever a collective was issued since the last sample) and after the step, and
-keeps the most seen on each side.
+backward (whenever a collective was issued since the last sample, and as the largest
+parameters' gradients leave autograd, counting the gradient in hand) and after the step,
+and keeps the most seen on each side.
 
 Only a simulation on meta can tell the two sides apart (on the CPU the host and the
 "device" are the same memory); :func:`resident` is called there.
@@ -20,6 +21,7 @@ import types
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,10 +90,23 @@ class ResidentPeak:
         self.device = self.host = 0
         self._last = -1
 
-    def sample(self) -> None:
+    def sample(self, in_hand: int = 0) -> None:
+        """Look now; ``in_hand``: device bytes of a gradient autograd holds but nothing else reaches yet."""
         now = resident(self.root)
-        self.device, self.host = max(self.device, now.device), max(self.host, now.host)
+        self.device, self.host = max(self.device, now.device + in_hand), max(self.host, now.host)
         self._last = self.issued()
+
+    def watch_gradients(self, params: list[torch.Tensor]) -> list[Any]:
+        """Also look as the gradients of the largest parameters leave autograd (the estimate's "unit
+        gradients": a gradient exists on the device before the engine's hook moves it on). Returns the
+        hook handles."""
+        if not params:
+            return []
+        largest = max(p.numel() for p in params)
+        return [p.register_hook(self._gradient) for p in params if p.requires_grad and 2 * p.numel() >= largest]
+
+    def _gradient(self, grad: torch.Tensor) -> None:
+        self.sample(0 if is_host(grad) else grad.untyped_storage().nbytes())
 
     def _unpack(self, t: torch.Tensor) -> torch.Tensor:
         if self.issued() >= self._last + self.stride:  # backward reduced (or gathered) since the last look

@@ -164,6 +164,7 @@ def run(req: SimRequest) -> SimResult:
                                 stride=len(engine.parts.buckets) // RESIDENT_SAMPLES)
         watch = resident.watching_backward if not cpu else contextlib.nullcontext
         resident.sample()
+        handles = [] if cpu else resident.watch_gradients(list(module.parameters()))
         for _ in range(req.steps):
             marks = [_counts(engine.comm_stats())]
             with watch():
@@ -179,6 +180,8 @@ def run(req: SimRequest) -> SimResult:
             marks.append(_counts(engine.comm_stats()))
             steps.append(_minus(marks[-1], marks[0]))
             step_phases.append({name: _minus(marks[i + 1], marks[i]) for i, name in enumerate(PHASES[1:])})
+        for handle in handles:
+            handle.remove()
         cfg = engine.config
         _, peak_live, persistent = _stage3_figures(engine)
         return SimResult(
