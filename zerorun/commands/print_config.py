@@ -109,8 +109,8 @@ def _print_settings(settings: Settings, file: Path | None, template: str | None,
 
     if file is not None and template is not None:
         raise ZerorunError("give a FILE or --template, not both", hint="zerorun print-config --template zero3 --stage 2")
-    base = dict(read_source(file)[0]) if file is not None else \
-        yaml.safe_load(template_path(template).read_text(encoding="utf-8")) if template is not None else base_config()
+    source = file if file is not None else template_path(template) if template is not None else None
+    base = dict(read_source(source)[0]) if source is not None else base_config()
     cfg = settings.apply(base)
     load_config(cfg, world_size=1)  # the settings' config must load: its errors name the key, before it is written
     if fmt is Format.json:
