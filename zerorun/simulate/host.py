@@ -32,6 +32,7 @@ _META = torch.device("meta")
 # the storages tagged as host, by the address of their implementation; the storage object is kept, so
 # the address is never reused by a device storage while the tag stands (a meta storage costs nothing)
 _TAGGED: dict[int, torch.UntypedStorage] = {}
+_DEVICE_ARG: dict[Any, bool] = {}  # per op: whether its schema takes a device (a factory, or a copy to a device)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -60,8 +61,11 @@ class HostStandIn(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
-        if not any(a.name == "device" for a in func._schema.arguments):
-            return self._plain(func, args, kwargs)
+        names = _DEVICE_ARG.get(func)
+        if names is None:
+            names = _DEVICE_ARG[func] = any(a.name == "device" for a in func._schema.arguments)
+        if not names:
+            return self._plain(func, args, kwargs) if _TAGGED else func(*args, **kwargs)
         inputs = _tensors((args, kwargs))
         device = kwargs.get("device")
         to_host = device is not None and torch.device(device).type == "cpu"
