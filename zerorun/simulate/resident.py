@@ -6,7 +6,7 @@ their ``.grad``, the flat buckets, the gathered window, the reduce buckets, the 
 optimizer's state, the offload's host buffers), each storage counted once, split by where
 it lives (:func:`zerorun.simulate.host.is_host`). Activations are not reachable from the
 engine (autograd holds them), so they are left out, as the estimate's model-state rows
-leave them out. A :class:`ResidentPeak` samples after set-up, after forward, inside
+leave them out. A :class:`ResidentPeak` samples after set-up, inside forward and
 backward (whenever a collective was issued since the last sample, and as the largest
 parameters' gradients leave autograd, counting the gradient in hand) and after the step,
 and keeps the most seen on each side.
@@ -108,11 +108,12 @@ class ResidentPeak:
     def _gradient(self, grad: torch.Tensor) -> None:
         self.sample(0 if is_host(grad) else grad.untyped_storage().nbytes())
 
-    def _unpack(self, t: torch.Tensor) -> torch.Tensor:
-        if self.issued() >= self._last + self.stride:  # backward reduced (or gathered) since the last look
+    def _look(self, t: torch.Tensor) -> torch.Tensor:
+        if self.issued() >= self._last + self.stride:  # gathered (or reduced) since the last look
             self.sample()
         return t
 
     def watching_backward(self) -> torch.autograd.graph.saved_tensors_hooks:
-        """Enter around forward: backward then samples as it unpacks what forward saved."""
-        return torch.autograd.graph.saved_tensors_hooks(lambda t: t, self._unpack)
+        """Enter around forward: forward samples as it saves tensors for backward, backward as it unpacks them
+        (stage 3's gathered window peaks in one or the other)."""
+        return torch.autograd.graph.saved_tensors_hooks(self._look, self._look)
