@@ -121,35 +121,39 @@ def test_engine_breakdown_stage_by_stage() -> None:
     assert [g["optimizer_states"] for g in got] == [8000, 4000, 4000, 4000]
 
 
-def test_offload_optimizer_moves_master_states_and_fp32_grads_only() -> None:
+def test_offload_optimizer_keeps_only_the_16bit_parameters_on_the_device() -> None:
+    """Invariant 8: with optimizer offload no gradient shard and no master stay on the device; the reduced
+    gradient is the rank's shard in the host accumulator (DeepSpeed's layout: its fp32 partition)."""
     psi, n = 14_000_000_000, 8
-    training = Training(psi, n, fp32_grad_accum=True)
-    for stage in (1, 2, 3):
-        on_gpu = model_states(training, Placement(stage))
-        off = model_states(training, Placement(stage, Offload.CPU))
-        assert off.gpu["params"] == on_gpu.gpu["params"]
-        assert off.gpu["gradients"] == on_gpu.gpu["gradients"]
-        assert off.gpu["optimizer_states"] == 0 and off.gpu["grad_accum"] == 0
-        assert off.cpu == 12 * psi // n + 4 * psi // n and off.nvme == 0
-        assert off.total == on_gpu.total
-    nvme = model_states(training, Placement(3, Offload.NVME))
-    assert nvme.cpu == 0 and nvme.nvme == 16 * psi // n
+    for training in (Training(psi, n, fp32_grad_accum=True), Training(psi, n)):
+        for stage in (1, 2, 3):
+            on_gpu = model_states(training, Placement(stage))
+            off = model_states(training, Placement(stage, Offload.CPU))
+            assert off.gpu["params"] == on_gpu.gpu["params"]
+            assert off.gpu["gradients"] == 0
+            assert off.gpu["optimizer_states"] == 0 and off.gpu["grad_accum"] == 0
+            assert off.cpu == 12 * psi // n + 4 * psi // n and off.nvme == 0
+            assert off.total == off.params + off.cpu
+    nvme = model_states(Training(psi, n, fp32_grad_accum=True), Placement(3, Offload.NVME))
+    assert nvme.cpu == 0 and nvme.nvme == 16 * psi // n  # DeepSpeed's layout: its fp32 partition is swapped
+    nvme = model_states(Training(psi, n), Placement(3, Offload.NVME))
+    assert nvme.cpu == 4 * psi // n and nvme.nvme == 16 * psi // n  # the host accumulator, swapped at the step
 
 
 def test_offload_param_moves_the_parameter_shard() -> None:
     psi, n = 14_000_000_000, 8
     both = model_states(Training(psi, n), Placement(3, Offload.CPU, Offload.CPU))
-    assert both.gpu == {"params": 0, "gradients": 4 * psi // n, "optimizer_states": 0, "grad_accum": 0}
-    assert both.cpu == 14 * psi // n
+    assert both.gpu == {"params": 0, "gradients": 0, "optimizer_states": 0, "grad_accum": 0}
+    assert both.cpu == 18 * psi // n
     split = model_states(Training(psi, n), Placement(3, Offload.CPU, Offload.NVME))
-    assert (split.cpu, split.nvme) == (12 * psi // n, 2 * psi // n)
+    assert (split.cpu, split.nvme) == (16 * psi // n, 2 * psi // n)
 
 
 def test_cpu_figures_are_per_node() -> None:
     psi = 14_000_000_000
     est = estimate(EstimateRequest(Training(psi, 8), gpus_per_node=4, nodes=2), Offload.CPU)
     stage2 = next(r for r in est.rows if r.placement.stage == 2)
-    assert stage2.cpu_per_node == 4 * (12 * psi // 8)
+    assert stage2.cpu_per_node == 4 * (16 * psi // 8)  # master, moments and the host's fp32 gradient shard
 
 
 def test_invalid_placements_are_errors_with_hints() -> None:

@@ -87,9 +87,11 @@ def test_offload_flag_pins_the_rows(capsys: pytest.CaptureFixture[str]) -> None:
     data = _json(capsys, "--params", "14B", "--gpus", "8", "--offload-optimizer", "nvme", "--offload-param", "cpu")
     assert [(r["stage"], r["offload_optimizer"], r["offload_param"]) for r in data["rows"]] == [(3, "nvme", "cpu")]
     row = data["rows"][0]
-    assert row["per_node_nvme_bytes"] == 8 * 12 * 14 * 10**9 // 8
-    assert row["per_node_cpu_bytes"] == 8 * 2 * 14 * 10**9 // 8
+    assert row["per_node_nvme_bytes"] == 8 * 16 * 14 * 10**9 // 8  # master, moments, fp32 gradient shard
+    # the parameter shard and the host's gradient accumulator (pinned, written as reductions land)
+    assert row["per_node_cpu_bytes"] == 8 * (2 + 4) * 14 * 10**9 // 8
     assert row["per_gpu_bytes"]["params"] == 0 and row["per_gpu_bytes"]["optimizer_states"] == 0
+    assert row["per_gpu_bytes"]["gradients"] == 0
 
 
 def test_table_output_names_units_and_recommends(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,8 +41,9 @@ def test_rows_hold_bf16_terms_and_offload_moves_a_bf16_master_copy() -> None:
     z3 = model_states(t, Placement(3))
     assert (z3.params, z3.gradients, z3.master_params, z3.optimizer_states) == (4_000_000, 4_000_000, 0, 8_000_000)
     off = model_states(t, Placement(3, Offload.CPU))
-    assert off.master_params == 4_000_000 and off.cpu == 4_000_000 + 8_000_000  # the bf16 master copy + moments
-    assert off.gpu["optimizer_states"] == 0
+    # the bf16 master copy + moments + the host's bf16 gradient shard
+    assert off.master_params == 4_000_000 and off.cpu == 4_000_000 + 8_000_000 + 4_000_000
+    assert off.gpu["optimizer_states"] == 0 and off.gpu["gradients"] == 0
     fp32 = model_states(Training(8_000_000, 4, Dtype.BF16, Optimizer.ADAMW), Placement(3))
     assert fp32.total - z3.total == 10 * 8_000_000 // 4  # 18 - 8 bytes per parameter over N
 

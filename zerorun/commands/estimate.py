@@ -193,7 +193,7 @@ def command(
     console = Console(highlight=False)
     if not console.is_terminal:  # piped or captured: wide enough for every column
         console = Console(highlight=False, width=120)
-    print_estimate(est, console, notes)
+    print_estimate(est, console, notes, None if config is None else str(config))
     if nodes > 1 or not links.policy.plain:
         for line in link_lines(links):
             console.print(line, markup=False, highlight=False)

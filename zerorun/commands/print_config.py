@@ -14,6 +14,8 @@ from zerorun.config.load import LoadedConfig
 from zerorun.config.render import rows, to_json, to_yaml
 from zerorun.config.templates import template_names, template_path
 from zerorun.errors import ZerorunError
+from zerorun.estimate.model_states import Dtype, Masters, Offload, Optimizer
+from zerorun.estimate.settings import Settings
 
 
 class Format(str, Enum):
@@ -94,6 +96,31 @@ def _print_template(template: str | None, file: Path | None, output: Path | None
     _write(template_path(template).read_text(encoding="utf-8"), output)
 
 
+def _print_settings(settings: Settings, file: Path | None, template: str | None, fmt: Format,
+                    output: Path | None) -> None:
+    """``file`` (or ``template``, or the estimate's defaults) with ``settings`` written in, as YAML or JSON."""
+    import json
+
+    import yaml
+
+    from zerorun.config import load_config
+    from zerorun.config.read import read_source
+    from zerorun.estimate.settings import base_config
+
+    if file is not None and template is not None:
+        raise ZerorunError("give a FILE or --template, not both", hint="zerorun print-config --template zero3 --stage 2")
+    source = file if file is not None else template_path(template) if template is not None else None
+    base = dict(read_source(source)[0]) if source is not None else base_config()
+    cfg = settings.apply(base)
+    load_config(cfg, world_size=1)  # the settings' config must load: its errors name the key, before it is written
+    if fmt is Format.json:
+        text = json.dumps(cfg, indent=2) + "\n"
+    else:
+        text = f"# {settings.command(str(file) if file else None, str(output or '-'))}\n" \
+            + yaml.safe_dump(cfg, sort_keys=False)
+    _write(text, output)
+
+
 def command(
     file: Annotated[
         Path | None, typer.Argument(help="Config file (JSON or YAML).", show_default=False, metavar="FILE")
@@ -122,6 +149,26 @@ def command(
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
     as_json: Json = False,
+    stage: Annotated[int | None, typer.Option("--stage", min=0, max=3, help="zero_optimization.stage.",
+                                              show_default=False)] = None,
+    offload_optimizer: Annotated[Offload | None, typer.Option(
+        "--offload-optimizer", help="zero_optimization.offload_optimizer.device (none: no block).",
+        show_default=False)] = None,
+    offload_param: Annotated[Offload | None, typer.Option(
+        "--offload-param", help="zero_optimization.offload_param.device (none: no block).", show_default=False)] = None,
+    offload_ratio: Annotated[float | None, typer.Option(
+        "--offload-ratio", min=0.0, max=1.0, help="offload_optimizer.ratio (Twin-Flow).", show_default=False)] = None,
+    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="bf16.enabled / fp16.enabled.",
+                                                show_default=False)] = None,
+    optimizer: Annotated[Optimizer | None, typer.Option("--optimizer", help="optimizer.type.",
+                                                        show_default=False)] = None,
+    masters: Annotated[Masters | None, typer.Option(
+        "--masters", help="fp32, or bf16 (bf16_master_weights_and_grads + bf16_optimizer_states), -kahan, -stochastic.",
+        show_default=False)] = None,
+    micro_batch: Annotated[int | None, typer.Option(
+        "--micro-batch", min=1, help="train_micro_batch_size_per_gpu.", show_default=False)] = None,
+    nvme_path: Annotated[str | None, typer.Option(
+        "--nvme-path", help="nvme_path of the nvme offload blocks.", show_default=False)] = None,
 ) -> None:
     """Print the fully resolved config: every default filled in, "auto" resolved.
 
@@ -142,9 +189,21 @@ def command(
       zerorun print-config ds_config.json --json > resolved.json
 
       zerorun print-config --template zero3 -o ds.yaml
+
+      zerorun print-config --stage 3 --offload-optimizer cpu --offload-param cpu -o ds.yaml
+
+    The settings flags (--stage, --offload-optimizer, --offload-param, --masters,
+    --micro-batch, ...) write a config instead: FILE, --template or the estimate's
+    defaults with those keys set; `zerorun estimate` names the command for its
+    recommended row.
     """
     if as_json:
         fmt = Format.json
+    settings = Settings(stage, offload_optimizer, offload_param, offload_ratio, dtype, optimizer, masters,
+                        micro_batch, nvme_path)
+    if settings.given():
+        _print_settings(settings, file, template, fmt, output)
+        return
     if template is not None or file is None:
         _print_template(template, file, output)
         return

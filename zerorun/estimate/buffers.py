@@ -100,7 +100,7 @@ def buffer_terms(
 ) -> dict[str, int]:
     """Bytes of each communication buffer one rank holds during a step."""
     nbytes = training.dtype.nbytes
-    if placement.stage < 2:
+    if not placement.stages_gradients:
         return {}
     sizes = step_sizes(training, placement, buckets, shape)
     terms = {"reduce_staging": sizes.bucket * nbytes * sizes.staging_buffers}

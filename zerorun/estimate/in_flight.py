@@ -73,7 +73,7 @@ def in_flight(training: Training, placement: Placement, sizes: StepSizes, *, act
               foreach: bool = True) -> InFlight:
     """The in-flight terms of one step for ``sizes`` (see the module docstring for each)."""
     nbytes = training.dtype.nbytes
-    held = {"reduce_staging": sizes.staging_buffers * sizes.bucket * nbytes} if placement.stage >= 2 else {}
+    held = {"reduce_staging": sizes.staging_buffers * sizes.bucket * nbytes} if placement.stages_gradients else {}
     backward = {"unit_gradients": sizes.unit * nbytes, "activations": activations}
     if placement.stage == 3:
         backward["gathered_params"] = sizes.gathered * nbytes

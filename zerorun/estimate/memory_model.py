@@ -117,6 +117,10 @@ class Estimate:
     request: EstimateRequest
     rows: list[Row]
     recommendation: Recommendation
+    # the offload choices the rows were pinned to (None: the usual variants) and the Twin-Flow ratio
+    offload_optimizer: Offload | None = None
+    offload_param: Offload | None = None
+    offload_ratio: float = 1.0
 
     def assumptions(self) -> dict[str, Any] | None:
         """What the activation term assumed (None: activations not counted, no shape)."""
@@ -250,4 +254,4 @@ def estimate(
     """Every variant's row and the recommendation."""
     rows = [estimate_row(request, p) for p in placements(offload_optimizer, offload_param, offload_ratio)
             if p.stage >= 1 or not request.training.masters.low]  # bf16 masters need stage 1-3
-    return Estimate(request, rows, recommend(rows, request.gpu_memory))
+    return Estimate(request, rows, recommend(rows, request.gpu_memory), offload_optimizer, offload_param, offload_ratio)

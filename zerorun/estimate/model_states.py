@@ -158,6 +158,12 @@ class Placement:
             )
 
     @property
+    def stages_gradients(self) -> bool:
+        """Gradients leave backward through reduce buckets of their own: at stages 2-3, and at every stage
+        with optimizer offload (each reduced partition streams to the host accumulator as it lands)."""
+        return self.stage >= 2 or self.offload_optimizer is not Offload.NONE
+
+    @property
     def offload_label(self) -> str:
         """``-``, ``opt:cpu`` or ``opt:cpu par:nvme``: the compact form the tables print."""
         parts = []
@@ -208,8 +214,10 @@ def model_states(training: Training, placement: Placement) -> ModelStates:
     states = opt_elems * training.optimizer.state_bytes
     # DeepSpeed keeps the fp32 gradient only for the rank's partition at stages 1-3.
     grad_accum = opt_elems * 4 if training.fp32_grad_accum and dtype.mixed else 0
-
-    return _placed(params, gradients, master, states, grad_accum, placement)
+    # offloaded, the reduced gradient is the rank's shard in the host's fp32 accumulator (DeepSpeed's layout:
+    # that accumulator is its fp32 partition, ``grad_accum``)
+    host_grads = 0 if grad_accum else opt_elems * 4
+    return _placed(params, gradients, master, states, grad_accum, placement, host_grads)
 
 
 def _low_precision_states(training: Training, placement: Placement) -> ModelStates:
@@ -224,22 +232,35 @@ def _low_precision_states(training: Training, placement: Placement) -> ModelStat
     # over bf16 parameters the master is the buffer itself; offloaded, a bf16 copy on the host
     master = opt_elems * 2 if placement.offload_optimizer is not Offload.NONE else 0
     states = opt_elems * (training.optimizer.state_bytes // 2 + training.masters.compensation_bytes)
-    return _placed(params, gradients, master, states, 0, placement)
+    return _placed(params, gradients, master, states, 0, placement, opt_elems * 2)
 
 
 def _placed(params: int, gradients: int, master: int, states: int, grad_accum: int,
-            placement: Placement) -> ModelStates:
-    """The terms split by where they live: the GPU, or the offload devices."""
+            placement: Placement, host_grads: int) -> ModelStates:
+    """The terms split by where they live: the GPU, or the offload devices.
+
+    With optimizer offload the device holds no gradient shard and no master (invariant 8 of the
+    design): each reduced partition goes to the host accumulator (``host_grads`` bytes, the
+    masters' dtype) as its reduction lands; the reduce buckets in flight are buffers
+    (:mod:`zerorun.estimate.buffers`). Twin-Flow (``ratio`` < 1) keeps its device share of
+    master, state and gradient shard on the device and steps it there.
+    """
     gpu = {"params": params, "gradients": gradients, "optimizer_states": master + states, "grad_accum": grad_accum}
     moved = {Offload.CPU: 0, Offload.NVME: 0}
     if placement.offload_optimizer is not Offload.NONE:
-        # The fp32 master, the optimizer state and the fp32 gradient shard move; the step runs there.
-        # Twin-Flow moves the ratio's share of them and keeps (and steps) the rest on the GPU.
         r = placement.offload_ratio
+        gradients = host_grads
         kept_states, kept_accum = round((master + states) * (1 - r)), round(grad_accum * (1 - r))
+        kept_grads = round(gradients * (1 - r))
         moved[placement.offload_optimizer] += master + states + grad_accum - kept_states - kept_accum
+        # the accumulator is host memory with either device (pinned, written as reductions land); NVMe also
+        # keeps the gradients in swap files from the boundary to the step, as DeepSpeed does
+        moved[Offload.CPU] += gradients - kept_grads
+        if placement.offload_optimizer is Offload.NVME:
+            moved[Offload.NVME] += gradients - kept_grads
         gpu["optimizer_states"] = kept_states
         gpu["grad_accum"] = kept_accum
+        gpu["gradients"] = kept_grads
     if placement.offload_param is not Offload.NONE:
         moved[placement.offload_param] += params
         gpu["params"] = 0

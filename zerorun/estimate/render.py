@@ -171,22 +171,26 @@ def legend(est: Estimate) -> Text:
     return text
 
 
-def print_estimate(est: Estimate, console: Console, notes: list[str]) -> None:
-    """Table, recommendation, bars and notes, in that order."""
+def print_estimate(est: Estimate, console: Console, notes: list[str], config: str | None = None) -> None:
+    """Table, recommendation, levers, bars and notes, in that order (``config``: the estimate's ``--config``)."""
     console.print(estimate_table(est))
     rec = est.recommendation
-    from zerorun.estimate.levers import advice, next_command
+    from zerorun.estimate.levers import advice, next_command, next_note
 
     if rec.row is not None:
         console.print(f"[bold green]recommended:[/] {rec.reason}", soft_wrap=True)
-        command = next_command(rec.row.placement)
+        command = next_command(est, config)
         if command:
-            console.print(f"[bold green]next:[/] {command}", soft_wrap=True, markup=True)
+            console.print("[bold green]next:[/] ", end="", soft_wrap=True)
+            console.print(command, soft_wrap=True, markup=False, highlight=False)
+        note = next_note(est)
+        if note:
+            console.print(f"      {note}", soft_wrap=True, markup=False, style="dim")
     else:
         console.print(f"[bold yellow]no recommendation:[/] {rec.reason}", soft_wrap=True)
-        hint = advice(est)
-        if hint:
-            console.print(f"[bold cyan]{hint}[/]", soft_wrap=True)
+    hint = advice(est)
+    if hint:
+        console.print(hint, soft_wrap=True, markup=False, style="bold cyan")
     console.print(assumptions_line(est), soft_wrap=True, markup=False)
     console.print(f"[dim]{reference_line(est)}[/]", soft_wrap=True)
     for line in per_param_lines(est):

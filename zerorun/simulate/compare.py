@@ -12,13 +12,14 @@ stage 3 what :mod:`zerorun.estimate.stage3_window` replays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from zerorun.estimate import (
     Buckets,
     Dtype,
     EstimateRequest,
+    Offload,
     Optimizer,
     Placement,
     Training,
@@ -61,6 +62,44 @@ class Comparison:
     later_step_numel: int  # ... and every later step
     window: Window | None  # stage 3 with a known shape: the replayed coordinator window
     links: LinkComparison | None = None  # stage 3: per step, the bytes by kind inside the node and across
+    placed: Placed | None = None  # the config's own row (its offload): the device's model state, the host's bytes
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The estimate's row for the config's stage and offload: what stays on the device, what goes to the host."""
+
+    label: str  # "stage 3, offload opt:cpu par:cpu"
+    ranks_per_node: int
+    device_model_state: int  # per GPU: the row less activations and the fixed overhead
+    host_per_node: int
+    nvme_per_node: int
+
+
+def placement_of(cfg: Any) -> Placement:
+    """The config's stage and offload choice, as an estimate row."""
+    zero = cfg.zero_optimization
+
+    def device(block: Any) -> Offload:
+        return Offload(getattr(block, "device", "none") or "none") if block is not None else Offload.NONE
+
+    opt = device(getattr(zero, "offload_optimizer", None))
+    ratio = float(getattr(getattr(zero, "offload_optimizer", None), "ratio", 1.0) or 1.0)
+    return Placement(zero.stage, opt, device(getattr(zero, "offload_param", None)),
+                     ratio if opt is not Offload.NONE and zero.stage == 3 else 1.0)
+
+
+def placed_row(result: SimResult, cfg: Any, shape: ModelShape | None, ranks_per_node: int) -> Placed:
+    """The estimate's figures for the simulated rank's own placement, ``ranks_per_node`` ranks to a node."""
+    from zerorun.estimate.from_config import masters_of
+
+    training = replace(_training(result, cfg), masters=masters_of(cfg))
+    placement = placement_of(cfg)
+    request = EstimateRequest(training, gpus_per_node=ranks_per_node, buckets=Buckets.from_zero_config(
+        cfg.zero_optimization), shape=shape)
+    row = estimate_row(request, placement)
+    device = row.total - row.gpu["activations"] - row.gpu["overhead"]
+    return Placed(placement.label, ranks_per_node, device, row.cpu_per_node, row.nvme_per_node)
 
 
 def _training(result: SimResult, cfg: Any) -> Training:
@@ -109,5 +148,7 @@ def compare(result: SimResult, config: dict[str, Any], shape: ModelShape | None,
             first, later = window.first_step_numel, window.later_step_numel
         links = compare_links(result, layout or NodeLayout(result.world_size), policy or Stage3Policy(), shape,
                               buckets, training.optimizer)
+    per_node = (layout or NodeLayout(result.world_size)).per_node
     return Comparison({k: states[k] for k in STATE_TERMS}, row.buffer_detail, row.total,
-                      model_state_bound(result, training.optimizer), first, later, window, links)
+                      model_state_bound(result, training.optimizer), first, later, window, links,
+                      placed_row(result, cfg, shape, per_node))

@@ -42,7 +42,23 @@ def to_json(result: SimResult, comparison: Comparison) -> dict[str, Any]:
                              "later_steps": comparison.later_step_numel / psi},
             "by_link": None if comparison.links is None else comparison.links.to_json(),
         },
+        **_resident_json(result, comparison),
         "seconds": result.seconds,
+    }
+
+
+def _resident_json(result: SimResult, comparison: Comparison) -> dict[str, Any]:
+    """The device's model state at its peak and the host's bytes per node, beside the estimate's row for the
+    config's own placement (None where the simulation cannot tell the two apart: on the CPU)."""
+    placed = comparison.placed
+    per_node = placed.ranks_per_node if placed else 1
+    return {
+        "device_model_state_peak_bytes": result.device_model_state_peak,
+        "host_bytes_per_node": None if result.host_peak is None else result.host_peak * per_node,
+        "placement": None if placed is None else {
+            "row": placed.label, "ranks_per_node": per_node,
+            "estimate": {"device_model_state_bytes": placed.device_model_state,
+                         "host_bytes_per_node": placed.host_per_node, "nvme_bytes_per_node": placed.nvme_per_node}},
     }
 
 
@@ -71,6 +87,14 @@ def _memory_lines(result: SimResult, comparison: Comparison) -> list[str]:
         est = "" if window is None else f"{window.peak_live_numel:,}"
         lines.append(f"  {'peak gathered (elements)':<28}{result.peak_live_numel or 0:>14,}{est:>14}")
     lines.append(f"  {'estimate, whole row per GPU':<28}{'':>14}{human_bytes(comparison.total):>14}")
+    placed = comparison.placed
+    if placed is not None and result.device_model_state_peak is not None and result.host_peak is not None:
+        lines.append(f"  {placed.label} (resident, activations excluded):")
+        lines.append(f"  {'  device model state, peak':<28}{human_bytes(result.device_model_state_peak):>14}"
+                     f"{human_bytes(placed.device_model_state):>14}")
+        lines.append(f"  {f'  host, {placed.ranks_per_node} rank(s) a node':<28}"
+                     f"{human_bytes(result.host_peak * placed.ranks_per_node):>14}"
+                     f"{human_bytes(placed.host_per_node):>14}")
     return lines
 
 

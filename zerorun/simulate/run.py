@@ -25,8 +25,11 @@ from zerorun.engine.comm.counter import KINDS
 from zerorun.engine.metrics import MEMORY_KEYS
 from zerorun.estimate.shape import ModelShape
 from zerorun.simulate import Simulation, world
+from zerorun.simulate.host import host_stand_in
 from zerorun.simulate.peak import measured, return_freed_memory
+from zerorun.simulate.resident import ResidentPeak
 
+RESIDENT_SAMPLES = 64  # about this many looks at the resident bytes per backward (two collectives a bucket)
 PHASES = ("setup", "forward", "backward", "step")
 Counts = dict[str, dict[str, int]]  # kind -> {"calls", "bytes", "elements"}
 
@@ -88,6 +91,10 @@ class SimResult:
     peak_live_numel: int | None  # stage 3: the coordinator's most gathered at once
     phases: dict[str, PhaseFigures] = field(default_factory=dict)
     seconds: float = 0.0
+    # meta only (on the CPU host and device are one memory): the most model state seen on each side, activations
+    # excluded (zerorun.simulate.resident)
+    device_model_state_peak: int | None = None
+    host_peak: int | None = None
 
 
 def _counts(snapshot: dict[str, dict[str, int | str]]) -> Counts:
@@ -139,7 +146,7 @@ def run(req: SimRequest) -> SimResult:
         return_freed_memory()  # the peaks are then the engine's, not glibc's retention
     phases = {name: PhaseFigures() for name in PHASES}
     began = time.perf_counter()
-    with world(sim.world_size, sim.rank, sim.device):
+    with world(sim.world_size, sim.rank, sim.device), host_stand_in(sim.device == "meta"):
         torch.manual_seed(0)
         with measured(cpu) as peak:
             t0 = time.perf_counter()
@@ -147,21 +154,34 @@ def run(req: SimRequest) -> SimResult:
             engine, _, _, _ = zerorun.initialize(model=module, model_parameters=module.parameters(),
                                                  config=req.config)
         phases["setup"].add(time.perf_counter() - t0, peak.start, peak.peak)
+        if not cpu:
+            _unfuse(engine.optimizer)
         setup = _plus(init_traffic, _counts(engine.comm_stats()))
         tokens = torch.zeros(engine.train_micro_batch_size_per_gpu(), req.seq_len, dtype=torch.long,
                              device=engine.device)
         steps, step_phases, forward_params, kept = [], [], 0, None
+        resident = ResidentPeak(engine, lambda: sum(int(c["calls"]) for c in engine.comm_stats().values()),
+                                stride=len(engine.parts.buckets) // RESIDENT_SAMPLES)
+        watch = resident.watching_backward if not cpu else contextlib.nullcontext
+        resident.sample()
+        handles = [] if cpu else resident.watch_gradients(list(module.parameters()))
         for _ in range(req.steps):
             marks = [_counts(engine.comm_stats())]
-            loss = _phase(phases["forward"], cpu, partial(engine, tokens))
+            with watch():
+                loss = _phase(phases["forward"], cpu, partial(engine, tokens))
             marks.append(_counts(engine.comm_stats()))
             forward_params, kept = engine.memory_breakdown()["params"], _stage3_figures(engine)[0]
+            resident.sample()
             _phase(phases["backward"], cpu, partial(engine.backward, loss))
+            resident.sample()
             marks.append(_counts(engine.comm_stats()))
             _phase(phases["step"], cpu, engine.step)
+            resident.sample()
             marks.append(_counts(engine.comm_stats()))
             steps.append(_minus(marks[-1], marks[0]))
             step_phases.append({name: _minus(marks[i + 1], marks[i]) for i, name in enumerate(PHASES[1:])})
+        for handle in handles:
+            handle.remove()
         cfg = engine.config
         _, peak_live, persistent = _stage3_figures(engine)
         return SimResult(
@@ -171,7 +191,17 @@ def run(req: SimRequest) -> SimResult:
             padding_numel=sum(b.plan.padded_numel - b.plan.numel for b in engine.parts.buckets),
             persistent_numel=persistent,
             setup=setup, steps=steps, step_phases=step_phases, memory=_bookkeeping(engine), forward_params=forward_params,
-            kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began)
+            kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began,
+            device_model_state_peak=None if cpu else resident.device, host_peak=None if cpu else resident.host)
+
+
+def _unfuse(optimizer: Any) -> None:
+    """The for-loop kernel for a host step on meta: torch's fused kernel checks for a real CPU tensor
+    (the step's temporaries live in host memory either way, never on the device)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in [*getattr(inner, "param_groups", []), getattr(inner, "defaults", {})]:
+        if group.get("fused"):
+            group["fused"], group["foreach"] = False, False
 
 
 def _phase(figures: PhaseFigures, cpu: bool, fn: Callable[[], Any]) -> Any:

@@ -255,8 +255,24 @@ def stream() -> CopyStream:
     return _STREAM[0]
 
 
+class _NoStream:
+    """The copy engine of a simulated world on meta (``zerorun.simulate``): no CUDA, every copy done on return."""
+
+    class Event:
+        def record(self) -> None: ...
+
+        def synchronize(self) -> None: ...
+
+    @staticmethod
+    def is_available() -> bool:
+        return False
+
+
 def transfers(pin_memory: bool) -> Transfers:
     """The transfers of an offload policy: the stand-in when ``ZERORUN_CHECK_COPIES=deferred``."""
     if "deferred" not in check_modes():
-        return Transfers(pin_memory)
+        from zerorun import simulate
+
+        # simulated on meta, a copy from the (meta) device lands in fake host memory at once: no stream
+        return Transfers(pin_memory, _NoStream if simulate.device_type() == "meta" else torch.cuda)
     return DeferredTransfers(pin_memory, stream())

@@ -1,0 +1,119 @@
+"""Where a simulated rank's model state lives: bytes on the device and in host memory, by storage.
+
+The engine's ``memory_breakdown()`` says what it *means* to hold; this module looks at what
+it does hold: every tensor reachable from the engine object (the module's parameters and
+their ``.grad``, the flat buckets, the gathered window, the reduce buckets, the masters, the
+optimizer's state, the offload's host buffers), each storage counted once, split by where
+it lives (:func:`zerorun.simulate.host.is_host`). Activations are not reachable from the
+engine (autograd holds them), so they are left out, as the estimate's model-state rows
+leave them out. A :class:`ResidentPeak` samples after set-up, inside forward and
+backward (whenever a collective was issued since the last sample, and as the largest
+parameters' gradients leave autograd, counting the gradient in hand) and after the step,
+and keeps the most seen on each side.
+
+Only a simulation on meta can tell the two sides apart (on the CPU the host and the
+"device" are the same memory); :func:`resident` is called there.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from zerorun.simulate.host import is_host
+
+# objects whose attributes may lead to a tensor of the engine; anything else is a leaf
+_WALKED = ("zerorun.", "torch.optim", "torch.nn.modules", "torch.nn.parameter")
+_LEAVES = (torch.Size, torch.dtype, torch.device, types.MethodType, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, str, bytes, int, float, bool)
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Bytes of the storages reachable from the engine, by where they live."""
+
+    device: int
+    host: int
+
+
+def _children(obj: object) -> Iterable[object]:
+    if isinstance(obj, dict):
+        return [*obj.keys(), *obj.values()]
+    if isinstance(obj, (list, tuple, set, frozenset, deque)):
+        return obj
+    if isinstance(obj, torch.nn.Module):  # its tensors and submodules; not its hook tables
+        return [obj._parameters, obj._buffers, obj._modules,
+                *(v for v in obj.__dict__.values() if isinstance(v, torch.Tensor))]
+    module = type(obj).__module__ or ""
+    if not module.startswith(_WALKED) and module != "zerorun":
+        return ()
+    out: list[object] = list(getattr(obj, "__dict__", {}).values())
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if isinstance(name, str) and hasattr(obj, name):
+                out.append(getattr(obj, name))
+    return out
+
+
+def resident(root: object) -> Resident:
+    """The bytes of every storage reachable from ``root``, each once, on the device and on the host."""
+    seen: set[int] = set()
+    storages: dict[int, tuple[int, bool]] = {}
+    todo: deque[object] = deque([root])
+    while todo:
+        obj = todo.popleft()
+        if id(obj) in seen or isinstance(obj, _LEAVES) or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage._cdata] = (storage.nbytes(), is_host(obj))
+            if obj.grad is not None:
+                todo.append(obj.grad)
+            continue
+        todo.extend(_children(obj))
+    return Resident(sum(n for n, host in storages.values() if not host),
+                    sum(n for n, host in storages.values() if host))
+
+
+class ResidentPeak:
+    """The most bytes seen on each side over the samples (``issued``: the collectives issued so far)."""
+
+    def __init__(self, root: object, issued: Callable[[], int], stride: int = 1) -> None:
+        """``stride``: inside backward, look once every ``stride`` collectives (a walk is a few ms per
+        thousand objects; a 7B model at stage 3 issues some 600 collectives in one backward)."""
+        self.root, self.issued, self.stride = root, issued, max(1, stride)
+        self.device = self.host = 0
+        self._last = -1
+
+    def sample(self, in_hand: int = 0) -> None:
+        """Look now; ``in_hand``: device bytes of a gradient autograd holds but nothing else reaches yet."""
+        now = resident(self.root)
+        self.device, self.host = max(self.device, now.device + in_hand), max(self.host, now.host)
+        self._last = self.issued()
+
+    def watch_gradients(self, params: list[torch.Tensor]) -> list[Any]:
+        """Also look as the gradients of the largest parameters leave autograd (the estimate's "unit
+        gradients": a gradient exists on the device before the engine's hook moves it on). Returns the
+        hook handles."""
+        if not params:
+            return []
+        largest = max(p.numel() for p in params)
+        return [p.register_hook(self._gradient) for p in params if p.requires_grad and 2 * p.numel() >= largest]
+
+    def _gradient(self, grad: torch.Tensor) -> None:
+        self.sample(0 if is_host(grad) else grad.untyped_storage().nbytes())
+
+    def _look(self, t: torch.Tensor) -> torch.Tensor:
+        if self.issued() >= self._last + self.stride:  # gathered (or reduced) since the last look
+            self.sample()
+        return t
+
+    def watching_backward(self) -> torch.autograd.graph.saved_tensors_hooks:
+        """Enter around forward: forward samples as it saves tensors for backward, backward as it unpacks them
+        (stage 3's gathered window peaks in one or the other)."""
+        return torch.autograd.graph.saved_tensors_hooks(self._look, self._look)
