@@ -149,13 +149,14 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _make_optimizer(cfg: ZerorunConfig, optimizer: OptimizerArg | None, model: nn.Module,
                     model_parameters: Params | None) -> torch.optim.Optimizer:
-    from zerorun.config import check_client_optimizer
+    from zerorun.config import check_client_optimizer, check_grad_accum_dtype
 
     client = optimizer is not None
     if client and not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
         params = model_parameters if model_parameters is not None else model.parameters()
         optimizer = optimizer(params)
     check_client_optimizer(cfg, client, type(optimizer).__name__ if client else None)
+    check_grad_accum_dtype(cfg)
     host_step = offload_from_config(cfg.zero_optimization).enabled  # the masters live (and step) on the host
     if client:
         warn_client(optimizer, host_step)
