@@ -15,7 +15,7 @@ from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severit
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
 from zerorun.config.schema_zero import STAGE3_ONLY_KEYS, ZeroConfig
-from zerorun.errors import UnsupportedFeature
+from zerorun.errors import UnsupportedFeature, ZerorunError
 
 Rule = Callable[[ZerorunConfig, frozenset[str]], list[Problem]]
 
@@ -257,3 +257,25 @@ def check_grad_accum_dtype(cfg: ZerorunConfig) -> None:
         f"unsupported mix of model_dtype={_DTYPES[model]} and grad_accum_dtype={_DTYPES[wanted]} "
         "(data_types.grad_accum_dtype at ZeRO stage 0)",
         f"set data_types.grad_accum_dtype to {model} (or remove it), or use ZeRO stage 1-3")
+
+
+class DeepSpeedAssert(ZerorunError, AssertionError):
+    """A config DeepSpeed refuses with an ``assert`` in its engine: an ``AssertionError`` too, in its words."""
+
+
+ALIGNMENT = 2
+"""DeepSpeed's ``nccl_start_alignment_factor`` (4-byte alignment / sizeof(fp16)) in its stage 1-2 optimizer."""
+
+
+def check_deepspeed_asserts(cfg: ZerorunConfig) -> None:
+    """What DeepSpeed's ZeRO stage 1-2 optimizer asserts on its config (the engine calls this in ``initialize``).
+
+    ``allgather_bucket_size`` has no effect in zerorun (stages 1-2 all-gather the reduce buckets), but a
+    value DeepSpeed refuses is refused here too, so a config that runs here runs there.
+    """
+    zero = cfg.zero_optimization
+    if zero.stage in (1, 2) and zero.allgather_bucket_size % ALIGNMENT != 0:
+        raise DeepSpeedAssert(
+            f"allgather_bucket_size must be a multiple of nccl_start_alignment_factor, {ALIGNMENT} "
+            f"(zero_optimization.allgather_bucket_size is {zero.allgather_bucket_size})",
+            "set zero_optimization.allgather_bucket_size to an even number, as DeepSpeed requires")
