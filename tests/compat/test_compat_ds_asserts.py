@@ -38,19 +38,17 @@ def test_dist_init_required_false_without_a_group_asserts(world_of_one: None) ->
 @pytest.mark.parametrize("stage", [2, 3])
 def test_no_sync_at_stages_2_and_3_asserts(world_of_one: None, stage: int) -> None:
     engine, *_ = zerorun.initialize(model=nn.Linear(4, 2), config=_cfg(stage))
-    with pytest.raises(AssertionError, match=f"no_sync context manager is incompatible with gradient "
-                                             f"partitioning logic of ZeRO stage {stage}") as caught:
-        with engine.no_sync():
-            pass
+    words = f"no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage {stage}"
+    with pytest.raises(AssertionError, match=words) as caught, engine.no_sync():
+        pass
     assert isinstance(caught.value, EngineError)  # zerorun's callers catch this class, as before
 
 
 def test_no_sync_reentry_and_step_inside_assert(world_of_one: None) -> None:
     engine, *_ = zerorun.initialize(model=nn.Linear(4, 2), config=_cfg(1))
     with engine.no_sync():
-        with pytest.raises(AssertionError, match="no_sync context manager reentry is unsupported"):
-            with engine.no_sync():
-                pass
+        with pytest.raises(AssertionError, match="no_sync context manager reentry is unsupported"), engine.no_sync():
+            pass
         engine.backward(engine(torch.randn(2, 4)).sum())
         with pytest.raises(AssertionError, match=r"It is illegal to call Engine.step\(\) inside no_sync"):
             engine.step()
