@@ -26,8 +26,8 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.sub_group_size": "the optimizer steps one flat tensor per bucket",
     "zero_optimization.offload_param.buffer_size": "offloaded shards are read one unit at a time",
     "zero_optimization.offload_param.max_in_cpu": "NVMe parameter offload keeps no host cache",
-    "data_types.grad_accum_dtype": "stages 1-3 accumulate gradients in the master dtype (fp32 unless bf16 masters); "
-                                   "stage 0 accepts only the training dtype, as DeepSpeed",
+    "data_types.grad_accum_dtype": "each stage accumulates gradients in its own fixed dtype (docs/compat.md, Not "
+                                   "yet); stage 0 accepts only the training dtype, as DeepSpeed",
     "bf16.immediate_grad_update": "gradients are accumulated the one way the engine has",
     "bf16.check_grad_overflow": "every step checks the gradient norm for inf/nan",
     "torch_autocast.lower_precision_safe_modules": "gradients are reduced in fp32",

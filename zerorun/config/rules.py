@@ -247,7 +247,7 @@ def check_grad_accum_dtype(cfg: ZerorunConfig) -> None:
 
     At stage 0 it must be the training dtype: DeepSpeed raises ``NotImplementedError`` for any other
     mix (its stage-0 optimizer wrappers accumulate in the parameters' dtype), so does zerorun.
-    Stages 1-3 take any value (DeepSpeed's ZeRO optimizers do; zerorun accumulates in the master dtype).
+    Stages 1-3 take any value (DeepSpeed's ZeRO optimizers do; zerorun keeps its own accumulation dtype).
     """
     wanted = cfg.data_types.grad_accum_dtype
     model = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"

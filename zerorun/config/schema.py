@@ -38,7 +38,7 @@ class DataTypesConfig(Block):
 
     grad_accum_dtype: CommDtype | None = Field(
         None, description="DeepSpeed's gradient accumulation dtype. Stage 0: must be the training dtype "
-                          "(another raises, as in DeepSpeed); stages 1-3 accumulate in the master dtype whatever it says.")
+                          "(another raises, as in DeepSpeed); stages 1-3 keep their own accumulation dtype whatever it says.")
 
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
