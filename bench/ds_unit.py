@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--devices", type=int, default=2, help="CPU 'devices' DeepSpeed's harness may use (LOCAL_SIZE)")
     ns = p.parse_args(argv)
+    ns.zerorun_python = os.path.abspath(ns.zerorun_python)  # the runs start in the scratch tests folder
     from zerorun.compat.ds_commands_link import link
 
     with tempfile.TemporaryDirectory(prefix="ds-unit-") as tmp:
