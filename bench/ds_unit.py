@@ -42,6 +42,12 @@ FILES = ("checkpoint/test_convert_checkpoint.py", "checkpoint/test_latest_checkp
          "v1/half_precision/test_gradient_clipping_default.py")
 """The files of the table in the issue that asked for this suite (DeepSpeed's ``tests/unit/``)."""
 
+ZERO_FILES = ("runtime/zero/", "v1/zero/", "runtime/test_ds_initialize.py", "runtime/test_no_sync_ctxt.py",
+              "runtime/test_multiple_models.py", "comm/", "checkpoint/test_zero_optimizer.py")
+"""The ZeRO engine's own tests (``--set zero``): folders run file by file."""
+
+SETS = {"table": FILES, "zero": ZERO_FILES}
+
 
 def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     """``{file::test: (outcome, first line of the failure)}`` from a pytest JUnit XML report."""
@@ -64,8 +70,39 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return result
 
 
-def run_file(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int) -> None:
-    """One pytest run of one file: a hang costs that file alone (its tests then count as not run)."""
+def expand(tests: Path, files: list[str]) -> list[str]:
+    """The files, with a folder (``runtime/zero/``) replaced by its ``test_*.py`` files, sorted."""
+    out: list[str] = []
+    for f in files:
+        folder = tests / "unit" / f
+        out += ([str(t.relative_to(tests / "unit")) for t in sorted(folder.glob("test_*.py"))] if folder.is_dir()
+                else [f])
+    return out
+
+
+def run_file(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int,
+             keep: Path | None = None) -> None:
+    """One pytest run of one file: a hang costs that file alone (its tests then count as not run).
+
+    With ``keep``, the report is also kept there, and a report already there is used instead of a run
+    (DeepSpeed's side of the table does not change between runs of zerorun's).
+    """
+    kept = keep / junit.name if keep else None
+    if kept and kept.is_file():
+        shutil.copyfile(kept, junit)
+        return
+    _pytest(python, tests, file, env, junit, timeout)
+    if kept and junit.is_file():
+        shutil.copyfile(junit, kept)
+
+
+def _from_keep(keep: Path | None, junit: Path) -> None:
+    """The report kept under ``keep`` from an earlier run, when there is one."""
+    if keep and (keep / junit.name).is_file():
+        shutil.copyfile(keep / junit.name, junit)
+
+
+def _pytest(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int) -> None:
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", f"unit/{file}"]
     with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
@@ -122,16 +159,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ds-source", required=True, type=Path, help="a DeepSpeed checkout (or bare mirror)")
     p.add_argument("--ds-venv", required=True, type=Path, help="a venv with DeepSpeed and pytest installed")
     p.add_argument("--zerorun-python", default=sys.executable, help="the Python of zerorun's venv (default: this one)")
-    p.add_argument("--files", nargs="*", default=list(FILES), help="files under tests/unit/ (default: the table's)")
+    p.add_argument("--files", nargs="*", help="files (or folders) under tests/unit/ (default: the --set's)")
+    p.add_argument("--set", choices=sorted(SETS), default="table", help="a named list of files (default: table)")
+    p.add_argument("--engines", choices=("both", "deepspeed", "zerorun"), default="both", help="which side to run")
+    p.add_argument("--keep", type=Path, help="a folder keeping each file's reports; reports there are reused")
     p.add_argument("--timeout", type=int, default=900, help="seconds per file and engine")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--devices", type=int, default=2, help="CPU 'devices' DeepSpeed's harness may use (LOCAL_SIZE)")
     ns = p.parse_args(argv)
+    ns.zerorun_python = os.path.abspath(ns.zerorun_python)  # the runs start in the scratch tests folder
     from zerorun.compat.ds_commands_link import link
 
     with tempfile.TemporaryDirectory(prefix="ds-unit-") as tmp:
         work = Path(tmp)
         tests, commit = scratch_tests(ns.ds_source, work)
+        files = expand(tests, ns.files or list(SETS[ns.set]))
+        if ns.keep:
+            ns.keep.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith("ZERORUN_")}
         # DeepSpeed's CPU accelerator counts its "devices" from LOCAL_SIZE; without it every world-2 test skips
         base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", LOCAL_SIZE=str(ns.devices))
@@ -141,14 +185,25 @@ def main(argv: list[str] | None = None) -> int:
         zr_env = {**base, "ZERORUN_AS_DEEPSPEED": "force", "PATH": f"{work / 'bin'}{os.pathsep}{base['PATH']}"}
         ds: dict[str, tuple[str, str]] = {}
         zr: dict[str, tuple[str, str]] = {}
-        for i, f in enumerate(ns.files):
-            run_file(str(ns.ds_venv / "bin" / "python"), tests, f, ds_env, work / f"ds{i}.xml", ns.timeout)
-            run_file(ns.zerorun_python, tests, f, zr_env, work / f"zr{i}.xml", ns.timeout)
-            ds.update(outcomes(work / f"ds{i}.xml"))
-            zr.update(outcomes(work / f"zr{i}.xml"))
+        rows: list[dict] = []
+        for i, f in enumerate(files):
+            slug = f.replace("/", "-").removesuffix(".py")
+            ds_xml, zr_xml = work / f"ds-{slug}.xml", work / f"zr-{slug}.xml"
+            if ns.engines != "zerorun":  # DeepSpeed's report is reused from --keep when there
+                run_file(str(ns.ds_venv / "bin" / "python"), tests, f, ds_env, ds_xml, ns.timeout, ns.keep)
+            else:
+                _from_keep(ns.keep, ds_xml)
+            if ns.engines != "deepspeed":  # zerorun's always runs afresh
+                _pytest(ns.zerorun_python, tests, f, zr_env, zr_xml, ns.timeout)
+                if ns.keep and zr_xml.is_file():
+                    shutil.copyfile(zr_xml, ns.keep / zr_xml.name)
+            else:
+                _from_keep(ns.keep, zr_xml)
+            ds.update(outcomes(ds_xml))
+            zr.update(outcomes(zr_xml))
             print(f"{f}: {sum(o == 'passed' for n, (o, _) in ds.items() if in_file(n, f))} on DeepSpeed, "
                   f"{sum(o == 'passed' for n, (o, _) in zr.items() if in_file(n, f))} on zerorun", file=sys.stderr)
-            rows = table(ds, zr, ns.files[:i + 1])
+            rows = table(ds, zr, files[:i + 1])
             if ns.json:  # after every file: a run cut short keeps the files it finished
                 ns.json.write_text(json.dumps({"commit": commit, "rows": rows}, indent=2))
     print(markdown(rows, commit))

@@ -63,7 +63,7 @@ def _one(args: argparse.Namespace, rank: int, world: int, extra: dict) -> dict:
             before = engine.comm_stats()
         x, y = get_batch(args, step, rank, world)
         start = time.perf_counter()
-        loss = loss_fn(engine(x), y)
+        loss = loss_fn(engine(x.to(engine.precision.compute_dtype)), y)  # the engine casts no input
         engine.backward(loss)
         engine.step()
         times.append(time.perf_counter() - start)

@@ -78,6 +78,7 @@ def main() -> None:
         for k in range(gas):
             x, y = batch(step * gas + k, rank, world, micro, args.hidden, teacher)
             x, y = x.to(engine.device), y.to(engine.device)  # the rank's GPU (or the CPU on gloo)
+            x = x.to(engine.precision.compute_dtype)  # the parameters' dtype: the engine casts no input
             loss = F.mse_loss(engine(x).float(), y)
             engine.backward(loss)
             engine.step()

@@ -76,10 +76,8 @@ MUTATIONS = [
     ("infinity_nvme.json", "zero_optimization.offload_param.nvme_path", None, "zero_optimization.offload_param.nvme_path: zero_optimization.offload_param.device is nvme but nvme_path is not set"),
     ("infinity_nvme.json", "aio.queue_dept", 8, "aio.queue_dept: unknown key (did you mean aio.queue_depth?)"),
     ("infinity_nvme.json", "bf16.enabled", True, "fp16.enabled: fp16 and bf16 are both enabled"),
-    ("stage1_floats.json", "zero_optimization.offload_param", {"device": "cpu"}, "zero_optimization.offload_param.device: parameter offload (cpu) needs zero_optimization.stage 3, but stage is 1"),
     ("stage1_floats.json", "train_batch_size", 30, "train_batch_size: train_batch_size (30) is not divisible by"),
     ("stage2_floats.json", "gradient_acumulation_steps", 4, "gradient_acumulation_steps: unknown key (did you mean gradient_accumulation_steps?)"),
-    ("legacy_offload.json", "zero_optimization.stage", 2, "zero_optimization.offload_param.device: parameter offload (cpu) needs zero_optimization.stage 3, but stage is 2"),
 ]
 
 

@@ -36,11 +36,17 @@ def test_nvme_without_path(block: str) -> None:
     ]
 
 
-def test_offload_param_below_stage3() -> None:
-    assert errors({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}) == [
-        "<dict>: zero_optimization.offload_param.device: parameter offload (cpu) needs zero_optimization.stage 3, "
-        "but stage is 2; set stage: 3, or offload_param.device: none (offload_optimizer works from stage 1)"
+@pytest.mark.parametrize("stage", [0, 2])
+def test_offload_param_below_stage3_is_ignored_with_a_warning(stage: int) -> None:
+    """DeepSpeed ignores offload_param below stage 3 (its ZeRO-3 engine alone reads it): a warning, and it loads."""
+    source = {"zero_optimization": {"stage": stage, "offload_param": {"device": "cpu"}}}
+    assert warning_lines(source) == [
+        f"<dict>: zero_optimization.offload_param.device: parameter offload (cpu) needs zero_optimization.stage 3, "
+        f"but stage is {stage}: ignored, as DeepSpeed does; set stage: 3, or offload_param.device: none "
+        "(offload_optimizer works from stage 1)"
     ]
+    with pytest.warns(ConfigWarning, match="ignored, as DeepSpeed does"):
+        assert load_config(source).zero_optimization.stage == stage
 
 
 def test_offload_optimizer_needs_a_stage_and_partial_offload_needs_stage3() -> None:

@@ -40,7 +40,7 @@ def test_buffers_keep_their_dtype_parameters_take_the_compute_dtype(stage: int, 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, want)  # not rounded to 16 bits
     assert model.frozen.weight.dtype == dtype and model.out.weight.dtype == dtype
-    loss = engine(torch.randn(2, 4)).float().square().mean()
+    loss = engine(torch.randn(2, 4, dtype=dtype)).float().square().mean()  # inputs as given: in the compute dtype
     engine.backward(loss)
     engine.step()
     assert torch.isfinite(loss) and model.inv_freq.dtype == torch.float32

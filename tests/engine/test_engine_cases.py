@@ -166,7 +166,7 @@ def train_case(case: Case, rank: int, world: int) -> dict:
         step_losses = []
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            loss = loss_fn(engine(x[sl]), y[sl])
+            loss = loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl])
             engine.backward(loss)
             engine.step()
             step_losses.append(float(loss))

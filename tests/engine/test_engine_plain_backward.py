@@ -80,7 +80,7 @@ def train(case: PlainCase, rank: int, world: int) -> dict:
         if _clears(case, step):  # gradients of another batch land first, then are cleared
             xa, ya = global_batch(100 + step, rows)
             sl = rank_rows(0, rank, world)
-            loss = loss_fn(engine(xa[sl]), ya[sl])
+            loss = loss_fn(engine(xa[sl].to(engine.precision.compute_dtype)), ya[sl])
             engine.backward(loss) if case.mode == "engine-zero-model" else loss.backward()
             _clear(case, engine, model, optimizer)
             if case.mode == "zero-then-step":
@@ -88,7 +88,7 @@ def train(case: PlainCase, rank: int, world: int) -> dict:
                 continue
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            loss = loss_fn(engine(x[sl]), y[sl])
+            loss = loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl])
             engine.backward(loss) if case.mode == "engine-zero-model" else loss.backward()
             if case.stage == 0 and step == 0 and case.gas == 1:
                 stage0_grads = [p.grad.detach().clone() for p in model.parameters()]
@@ -136,7 +136,7 @@ def _fp16_plain_backward_error(rank: int, world: int) -> str:
     engine, _, _, _ = zerorun.initialize(model=model, config=cfg)
     x, y = global_batch(0, MICRO_BATCH * world)
     sl = rank_rows(0, rank, world)
-    loss_fn(engine(x[sl]), y[sl]).backward()
+    loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl]).backward()
     try:
         engine.step()
     except EngineError as e:

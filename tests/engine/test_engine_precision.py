@@ -46,7 +46,7 @@ def _train(rank: int, world: int, stage: int, dtype: str, poison_rank: int, pois
         before = [p.detach().clone() for p in model.parameters()]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            engine.backward(loss_fn(engine(x[rank_rows(0, rank, world)]), y[rank_rows(0, rank, world)]))
+            engine.backward(loss_fn(engine(x[rank_rows(0, rank, world)].to(engine.precision.compute_dtype)), y[rank_rows(0, rank, world)]))
             engine.step()
         warned.append(any(issubclass(w.category, NonFiniteGradientWarning) for w in caught))
         changed.append(any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)))

@@ -199,7 +199,7 @@ def train_case(case: Case, rank: int, world: int, model: nn.Module | None = None
         step_losses = []
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            loss = loss_fn(case.model, engine(x[sl]), y[sl])
+            loss = loss_fn(case.model, engine(x[sl].to(engine.precision.compute_dtype)), y[sl])
             engine.backward(loss)
             engine.step()
             step_losses.append(float(loss.detach()))

@@ -95,7 +95,7 @@ def _memory_checks(rank: int, world: int) -> dict:
     for step in range(STEPS):
         x, y = global_batch("deep", step, MICRO_BATCH * world)
         sl = rank_rows(0, rank, world)
-        engine.backward(loss_fn("deep", engine(x[sl]), y[sl]))
+        engine.backward(loss_fn("deep", engine(x[sl].to(engine.precision.compute_dtype)), y[sl]))
         engine.step()
     measured = peak[0]  # before the read-back below gathers everything on purpose
     _, ref_params = reference(case, world)

@@ -29,7 +29,7 @@ def _train(case: Case, rank: int, world: int, overlap_gather: bool) -> list[torc
         x, y = global_batch(step, 4 * world * case.gas)
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            engine.backward(loss_fn(engine(x[sl]), y[sl]))
+            engine.backward(loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl]))
             engine.step()
     return [p.detach().float().clone() for p in model.parameters()]
 

@@ -114,7 +114,7 @@ def _train(case: Case, rank: int, ckpt: str | None = None) -> dict:
     for step in range(STEPS):
         x, y = _batch(step)
         sl = slice(rank * MICRO, (rank + 1) * MICRO)
-        loss = F.mse_loss(engine(x[sl]).float(), y[sl])
+        loss = F.mse_loss(engine(x[sl].to(engine.precision.compute_dtype)).float(), y[sl])
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))

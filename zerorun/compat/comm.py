@@ -18,6 +18,7 @@ from torch.distributed import ReduceOp
 
 from zerorun.engine.comm import bootstrap
 from zerorun.engine.comm import script as coll
+from zerorun.engine.errors import DeepSpeedAssertion
 
 ProcessGroup = dist.ProcessGroup
 Work = dist.Work
@@ -28,7 +29,14 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
                      timeout: timedelta = timedelta(minutes=30), init_method: str | None = None,
                      dist_init_required: bool | None = None, config: Any = None, rank: int = -1,
                      world_size: int = -1) -> None:
-    """Join (or reuse) the default process group from the launcher's environment (also torchrun's)."""
+    """Join (or reuse) the default process group from the launcher's environment (also torchrun's).
+
+    ``dist_init_required=False`` with no process group yet is DeepSpeed's assertion (the caller said
+    someone else initialises it): an ``AssertionError`` in its words."""
+    if dist_init_required is False and not dist.is_initialized():
+        raise DeepSpeedAssertion("Distributed backend is not initialized. Please set dist_init_required to True or "
+                                 "initialize before calling deepspeed.initialize()",
+                                 "drop dist_init_required=False, or call torch.distributed.init_process_group() first")
     if distributed_port is not None and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(distributed_port)
     bootstrap.init_distributed(dist_backend, timeout=timeout, init_method=init_method, rank=rank,

@@ -63,7 +63,8 @@ class DeepSpeedConfigModel(BaseModel):
 
 _RENAMED = {name: f"stage3_{name}" for name in ("prefetch_bucket_size", "param_persistence_threshold",
                                                  "model_persistence_threshold", "max_live_parameters",
-                                                 "max_reuse_distance", "gather_16bit_weights_on_model_save")}
+                                                 "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                                                 "module_granularity_threshold")}
 _OFFLOADS = {"offload_param": ("cpu_offload_param", "cpu_offload_params"), "offload_optimizer": ("cpu_offload",)}
 
 

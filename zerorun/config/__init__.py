@@ -13,7 +13,7 @@ from __future__ import annotations
 from zerorun.config.load import LoadedConfig, inspect_config, load_config
 from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severity
 from zerorun.config.provenance import Origin, Source
-from zerorun.config.rules import check_client_optimizer
+from zerorun.config.rules import check_client_optimizer, check_deepspeed_asserts, check_grad_accum_dtype
 from zerorun.config.schema import ZerorunConfig
 
 __all__ = [
@@ -26,6 +26,8 @@ __all__ = [
     "Source",
     "ZerorunConfig",
     "check_client_optimizer",
+    "check_deepspeed_asserts",
+    "check_grad_accum_dtype",
     "inspect_config",
     "load_config",
 ]

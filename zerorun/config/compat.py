@@ -90,11 +90,14 @@ def _feature_problem(key: str, value: Any) -> Problem:
 
 
 def _data_types_problem(value: Any) -> Problem | None:
-    set_keys = [k for k, v in value.items() if v is not None] if isinstance(value, dict) else ["(the block)"]
+    """``data_types`` other than ``grad_accum_dtype`` (which the schema reads): ``buffer_dtype`` and the like."""
+    read = ("grad_accum_dtype",)
+    set_keys = ([k for k, v in value.items() if v is not None and k not in read] if isinstance(value, dict)
+                else ["(the block)"])
     if not set_keys:
         return None
     return Problem(f"data_types.{set_keys[0]}", "is not supported: zerorun keeps gradients and parameters in the "
-                                                "dtypes its precision block implies; remove data_types")
+                                                "dtypes its precision block implies; remove it")
 
 
 def _sum_conflicts(data: dict[str, Any]) -> list[Problem]:
@@ -130,6 +133,9 @@ def strip_compat(data: dict[str, Any]) -> list[Problem]:
     for key, (wanted, why) in EXACT.items():
         if key in data and (value := data.pop(key)) != wanted:
             problems.append(Problem(key, f"{value!r} is not supported: {why} (DeepSpeed's default {wanted!r})"))
-    if "data_types" in data and (problem := _data_types_problem(data.pop("data_types"))) is not None:
+    if "data_types" in data and (problem := _data_types_problem(data["data_types"])) is not None:
         problems.append(problem)
+        del data["data_types"]
+    elif isinstance(data.get("data_types"), dict):  # grad_accum_dtype alone (or nothing set): the schema reads it
+        data["data_types"] = {k: v for k, v in data["data_types"].items() if v is not None}
     return problems

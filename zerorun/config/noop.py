@@ -26,7 +26,8 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.sub_group_size": "the optimizer steps one flat tensor per bucket",
     "zero_optimization.offload_param.buffer_size": "offloaded shards are read one unit at a time",
     "zero_optimization.offload_param.max_in_cpu": "NVMe parameter offload keeps no host cache",
-    "fp16.auto_cast": "floating-point inputs are always cast to the compute dtype",
+    "data_types.grad_accum_dtype": "each stage accumulates gradients in its own fixed dtype (docs/compat.md, Not "
+                                   "yet); stage 0 accepts only the training dtype, as DeepSpeed",
     "bf16.immediate_grad_update": "gradients are accumulated the one way the engine has",
     "bf16.check_grad_overflow": "every step checks the gradient norm for inf/nan",
     "torch_autocast.lower_precision_safe_modules": "gradients are reduced in fp32",

@@ -15,6 +15,7 @@ from zerorun.config.problems import ConfigError, ConfigWarning, Problem, Severit
 from zerorun.config.schema import ZerorunConfig
 from zerorun.config.schema_blocks import OPTIMIZERS
 from zerorun.config.schema_zero import STAGE3_ONLY_KEYS, ZeroConfig
+from zerorun.errors import UnsupportedFeature, ZerorunError
 
 Rule = Callable[[ZerorunConfig, frozenset[str]], list[Problem]]
 
@@ -61,10 +62,12 @@ def offload_param_needs_stage3(cfg: ZerorunConfig, given: frozenset[str]) -> lis
     zero = cfg.zero_optimization
     if zero.offload_param.device != "none" and zero.stage != 3:
         return [
-            Problem(
+            Problem(  # DeepSpeed ignores the block below stage 3 (its ZeRO-3 engine alone reads it): so does zerorun
                 f"{ZERO}.offload_param.device",
-                f"parameter offload ({zero.offload_param.device}) needs {ZERO}.stage 3, but stage is {zero.stage}; "
-                "set stage: 3, or offload_param.device: none (offload_optimizer works from stage 1)",
+                f"parameter offload ({zero.offload_param.device}) needs {ZERO}.stage 3, but stage is {zero.stage}: "
+                "ignored, as DeepSpeed does; set stage: 3, or offload_param.device: none "
+                "(offload_optimizer works from stage 1)",
+                severity=Severity.WARNING,
             )
         ]
     return []
@@ -234,3 +237,45 @@ def check_client_optimizer(
         raise ConfigError(
             "initialize", [problem], hint="set zero_allow_untested_optimizer: true to use it anyway"
         )
+
+
+_DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+def check_grad_accum_dtype(cfg: ZerorunConfig) -> None:
+    """DeepSpeed's rule for ``data_types.grad_accum_dtype`` (the engine calls this in ``initialize``).
+
+    At stage 0 it must be the training dtype: DeepSpeed raises ``NotImplementedError`` for any other
+    mix (its stage-0 optimizer wrappers accumulate in the parameters' dtype), so does zerorun.
+    Stages 1-3 take any value (DeepSpeed's ZeRO optimizers do; zerorun keeps its own accumulation dtype).
+    """
+    wanted = cfg.data_types.grad_accum_dtype
+    model = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
+    if wanted is None or wanted == model or cfg.zero_optimization.stage > 0:
+        return
+    raise UnsupportedFeature(
+        f"unsupported mix of model_dtype={_DTYPES[model]} and grad_accum_dtype={_DTYPES[wanted]} "
+        "(data_types.grad_accum_dtype at ZeRO stage 0)",
+        f"set data_types.grad_accum_dtype to {model} (or remove it), or use ZeRO stage 1-3")
+
+
+class DeepSpeedAssert(ZerorunError, AssertionError):
+    """A config DeepSpeed refuses with an ``assert`` in its engine: an ``AssertionError`` too, in its words."""
+
+
+ALIGNMENT = 2
+"""DeepSpeed's ``nccl_start_alignment_factor`` (4-byte alignment / sizeof(fp16)) in its stage 1-2 optimizer."""
+
+
+def check_deepspeed_asserts(cfg: ZerorunConfig) -> None:
+    """What DeepSpeed's ZeRO stage 1-2 optimizer asserts on its config (the engine calls this in ``initialize``).
+
+    ``allgather_bucket_size`` has no effect in zerorun (stages 1-2 all-gather the reduce buckets), but a
+    value DeepSpeed refuses is refused here too, so a config that runs here runs there.
+    """
+    zero = cfg.zero_optimization
+    if zero.stage in (1, 2) and zero.allgather_bucket_size % ALIGNMENT != 0:
+        raise DeepSpeedAssert(
+            f"allgather_bucket_size must be a multiple of nccl_start_alignment_factor, {ALIGNMENT} "
+            f"(zero_optimization.allgather_bucket_size is {zero.allgather_bucket_size})",
+            "set zero_optimization.allgather_bucket_size to an even number, as DeepSpeed requires")

@@ -25,11 +25,21 @@ from zerorun.config.schema_blocks import (
     TorchAutocastConfig,
 )
 from zerorun.config.schema_zero import Block, ZeroConfig
-from zerorun.config.values import Bool, NonNegFloat, PosFloat, PosInt, StepsOrNever, word_choice
+from zerorun.config.values import Bool, Flag, NonNegFloat, PosFloat, PosInt, StepsOrNever, word_choice
 
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_choice("fp32", "fp16", "bf16"))]
 AllreduceOp = Annotated[Literal["mean", "sum"],
                         BeforeValidator(word_choice("mean", "sum", invalid="Invalid gradient_allreduce_op: "))]
+
+
+
+class DataTypesConfig(Block):
+    """DeepSpeed's ``data_types`` block; zerorun reads ``grad_accum_dtype`` alone (``buffer_dtype`` is refused)."""
+
+    grad_accum_dtype: CommDtype | None = Field(
+        None, description="DeepSpeed's gradient accumulation dtype. Stage 0: must be the training dtype "
+                          "(another raises, as in DeepSpeed); stages 1-3 keep their own accumulation dtype whatever it says.")
+
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -106,7 +116,10 @@ class ZerorunConfig(Block):
         "mean", description="How ranks' gradients combine: mean (averaged over the world) or sum (added: no "
                             "division by the world size nor by gradient_predivide_factor; not with ZeRO stage 3)."
     )
-    zero_allow_untested_optimizer: Bool = Field(
+    data_types: DataTypesConfig = Field(
+        default_factory=DataTypesConfig, description="Gradient accumulation dtype (DeepSpeed's data_types block)."
+    )
+    zero_allow_untested_optimizer: Flag = Field(
         False, description="Allow a client optimizer that zerorun has not been tested with under ZeRO."
     )
     zero_force_ds_cpu_optimizer: Bool = Field(

@@ -29,6 +29,7 @@ STAGE3_ONLY_KEYS = (
     "zero_quantized_weights",
     "zero_quantized_nontrainable_weights",
     "zero_quantized_gradients",
+    "stage3_module_granularity_threshold",
 )
 """Keys that only ZeRO stage 3 reads; set below stage 3 they have no effect."""
 
@@ -79,6 +80,31 @@ class OffloadParamConfig(OffloadBlock):
     max_in_cpu: NonNegInt = Field(
         1_000_000_000, description="Parameter elements kept in CPU memory when offloading to NVMe."
     )
+
+
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+"""DeepSpeed 0.19.8's default leaf classes: Hugging Face MoE blocks, whose experts run data-dependently."""
+
+
+def _str_list(value: object) -> object:
+    """One string stands for a list of one, as DeepSpeed's leaf_module block reads it."""
+    return [value] if isinstance(value, str) else value
+
+
+Names = Annotated[list[str], BeforeValidator(_str_list)]
+
+
+class LeafModuleConfig(Block):
+    """Stage 3 modules gathered as one unit with their whole subtree (``deepspeed.utils.set_z3_leaf_modules``)."""
+
+    classes: Names = Field(default_factory=lambda: list(DEFAULT_LEAF_MODULE_CLASSES),
+                           description="Class names or fully qualified class names (default: Hugging Face MoE blocks).")
+    names: Names = Field(default_factory=list, description="Module names as model.named_modules() gives them.")
+    name_suffixes: Names = Field(default_factory=list, description="Suffixes of module names.")
 
 
 class ZeroConfig(Block):
@@ -178,4 +204,11 @@ class ZeroConfig(Block):
         False,
         description="Stage 3 (ZeRO++ qgZ): reduce-scatter gradients as an all-to-all of int8 blocks, "
         "dequantized and summed in fp32 by the receiving rank.",
+    )
+    leaf_module: LeafModuleConfig = Field(
+        default_factory=LeafModuleConfig,
+        description="Stage 3: modules (by class, name or name suffix) gathered as one unit with their subtree.",
+    )
+    stage3_module_granularity_threshold: NonNegInt = Field(
+        0, description="Stage 3: flag as leaf every module whose parameters per layer are at most this (0: off).",
     )

@@ -58,6 +58,13 @@ def to_bool(value: Any) -> bool:
     return value
 
 
+def to_flag(value: Any) -> bool:
+    """A bool, or the int 0 or 1: keys DeepSpeed reads by truth alone (``"zero_allow_untested_optimizer": 1``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return to_bool(value)
+
+
 def to_str(value: Any) -> str:
     if not isinstance(value, str):
         raise fail(f"expected a string, got {show(value)}")
@@ -137,4 +144,6 @@ NonNegFloat = Annotated[float, BeforeValidator(_at_least(0.0, to_float))]
 PosFloat = Annotated[float, BeforeValidator(_positive)]
 Fraction = Annotated[float, BeforeValidator(_between(0.0, 1.0))]
 Bool = Annotated[bool, BeforeValidator(to_bool)]
+Flag = Annotated[bool, BeforeValidator(to_flag)]
+"""A bool that also takes 0 or 1, for the keys DeepSpeed tests by truth (its own tests write 1)."""
 Str = Annotated[str, BeforeValidator(to_str)]

@@ -28,7 +28,7 @@ from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.comm.groups import build_groups
 from zerorun.engine.engine import Engine
-from zerorun.engine.errors import EngineError, MissingModel, rank_prefixed
+from zerorun.engine.errors import DeepSpeedAssertion, EngineError, MissingModel, rank_prefixed
 from zerorun.engine.inference import InferenceEngine, build_inference_parts
 from zerorun.engine.mechanism.grad_sync import ReducePolicy
 from zerorun.engine.numerics import precision as precision_mod
@@ -149,13 +149,15 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _make_optimizer(cfg: ZerorunConfig, optimizer: OptimizerArg | None, model: nn.Module,
                     model_parameters: Params | None) -> torch.optim.Optimizer:
-    from zerorun.config import check_client_optimizer
+    from zerorun.config import check_client_optimizer, check_deepspeed_asserts, check_grad_accum_dtype
 
     client = optimizer is not None
     if client and not isinstance(optimizer, torch.optim.Optimizer) and callable(optimizer):
         params = model_parameters if model_parameters is not None else model.parameters()
         optimizer = optimizer(params)
     check_client_optimizer(cfg, client, type(optimizer).__name__ if client else None)
+    check_grad_accum_dtype(cfg)
+    check_deepspeed_asserts(cfg)
     host_step = offload_from_config(cfg.zero_optimization).enabled  # the masters live (and step) on the host
     if client:
         warn_client(optimizer, host_step)
@@ -204,6 +206,11 @@ def initialize(model: nn.Module | None = None, optimizer: OptimizerArg | None = 
     if mpu is not None:
         raise EngineError("model parallelism (mpu=) is not supported", "drop mpu=; the engine is data-parallel")
 
+    if dist_init_required is False and not torch.distributed.is_initialized():
+        raise DeepSpeedAssertion("Distributed backend is not initialized. Please set dist_init_required to True or "
+                                 "initialize before calling deepspeed.initialize()",
+                                 "drop dist_init_required=False (zerorun joins the launcher's process group), "
+                                 "or call torch.distributed.init_process_group() first")
     ctx = init_distributed()
     try:
         return _initialize(ctx, model, optimizer, model_parameters, config if config is not None else config_params,

@@ -34,6 +34,7 @@ from zerorun.engine.mechanism import quantized_units
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
+from zerorun.engine.mechanism.leaves import flag_leaves
 from zerorun.engine.mechanism.masters import PartitionedMasters
 from zerorun.engine.mechanism.partition import PartitionedBucket
 from zerorun.engine.mechanism.routes import GatherRoutes
@@ -198,6 +199,7 @@ def unit_layout(module: nn.Module, groups: list[list[nn.Parameter]], coll: Colle
                 zero_cfg: ZeroConfig, device: torch.device, init: Collectives | None = None) -> Layout:
     """Stage 3's buckets, unit by unit (:func:`zerorun.engine.mechanism.units.plan_units`), sharded over ``coll``;
     ``init`` (default ``coll``): the group rank 0's weights are broadcast over."""
+    flag_leaves(module, zero_cfg)  # zero_optimization.leaf_module, stage3_module_granularity_threshold
     plan = plan_units(module, groups, coll, precision, int(zero_cfg.stage3_param_persistence_threshold), device,
                       init=init)
     quantized_units.apply(plan.buckets, plan.frozen, bool(zero_cfg.zero_quantized_weights),

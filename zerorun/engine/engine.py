@@ -102,11 +102,11 @@ class Engine(DeepSpeedSurface, HfSurface):
         return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the module; floating-point inputs are cast to the compute dtype (fp16/bf16)."""
+        """Run the module on the inputs as given (DeepSpeed's rule): only ``fp16.auto_cast`` casts the
+        floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are."""
         PROGRESS.enter(Phase.FORWARD)
-        dtype = self.precision.compute_dtype
-        if dtype != torch.float32:
-            args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
+        if self.config.fp16.auto_cast:
+            args = _cast_inputs(args, torch.float16)
         with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
             return self.module(*args, **kwargs)
 

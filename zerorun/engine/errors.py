@@ -16,3 +16,12 @@ def rank_prefixed(rank: int, message: str) -> str:
 
 class MissingModel(EngineError, AssertionError):
     """``initialize`` without a model. Also an ``AssertionError``: DeepSpeed asserts it, and callers catch that."""
+
+
+class DeepSpeedAssertion(EngineError, AssertionError):
+    """A misuse DeepSpeed refuses with an ``assert``: also an ``AssertionError`` whose message starts with
+    DeepSpeed's words, since scripts and tests catch that."""
+
+
+class NoSyncMisuse(DeepSpeedAssertion):
+    """``no_sync()`` at stage 2/3, entered twice, or ``step()`` inside it."""

@@ -65,7 +65,7 @@ def train(engine: Any, rank: int, world: int, first: int, steps: int) -> list[fl
     for step in range(first, first + steps):
         x, y = global_batch(step, ROWS)
         sl = slice(rank * rows, (rank + 1) * rows)
-        loss = loss_fn(engine(x[sl]), y[sl])
+        loss = loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl])
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))

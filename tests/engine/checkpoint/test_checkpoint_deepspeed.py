@@ -51,7 +51,7 @@ def _resume(engine, rank: int, world: int, case: str, gas: int) -> dict:
         total = torch.zeros(())
         for m in range(gas):
             lo = (rank * gas + m) * micro
-            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + micro]).float(), y[lo:lo + micro])
+            loss = torch.nn.functional.mse_loss(engine(x[lo:lo + micro].to(engine.precision.compute_dtype)).float(), y[lo:lo + micro])
             engine.backward(loss)
             engine.step()
             total += loss.detach() / gas

@@ -67,7 +67,7 @@ def _train(case: Case, kind: str, rank: int, world: int, root: str) -> dict[str,
         before_step(case.model, model, step)
         x, y = global_batch(case.model, step, rows)
         for k in range(case.gas):
-            loss = loss_fn(case.model, engine(x[rank_rows(k, rank, world)]), y[rank_rows(k, rank, world)])
+            loss = loss_fn(case.model, engine(x[rank_rows(k, rank, world)].to(engine.precision.compute_dtype)), y[rank_rows(k, rank, world)])
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))
@@ -130,7 +130,7 @@ def _deferred(case: Case, rank: int, world: int, root: str) -> dict[str, Any]:
         losses = []
         for step in range(STEPS):
             x, y = global_batch(case.model, step, MICRO_BATCH * world)
-            loss = loss_fn(case.model, engine(x[rank_rows(0, rank, world)]), y[rank_rows(0, rank, world)])
+            loss = loss_fn(case.model, engine(x[rank_rows(0, rank, world)].to(engine.precision.compute_dtype)), y[rank_rows(0, rank, world)])
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))

@@ -42,6 +42,7 @@ in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,7 @@ class Unit:
     index: int
     name: str
     buckets: tuple[int, ...]
+    leaf: bool = False  # a leaf module (``_z3_leaf``): its whole subtree is this one unit
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class GatherCoordinator:
         self.live: set[int] = {i for i, b in enumerate(buckets)
                                if not b.persistent and b.state is not ParamState.SHARDED}
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.warned_leaf = False  # a leaf unit ran with no input requiring grad (DeepSpeed refuses it): said once
 
     # ---- hooks ------------------------------------------------------------------------------
     def attach(self, root: nn.Module, modules: list[nn.Module]) -> None:
@@ -200,6 +203,11 @@ class GatherCoordinator:
         fired = [False]
         frozen = [bi for bi in self.unit_buckets[u] if self.buckets[bi].frozen]
         grad_inputs = [t for t in torch_compat.tree_leaves(inputs) if torch.is_tensor(t) and t.requires_grad]
+        if self.units[u].leaf and not grad_inputs and not self.warned_leaf:
+            self.warned_leaf = True
+            warnings.warn(f"ZeRO-3 leaf module {self.units[u].name}: no input requires grad. DeepSpeed raises a "
+                          "RuntimeError here; zerorun trains it (its buckets stay gathered until their gradients "
+                          "are in)", RuntimeWarning, stacklevel=2)
 
         def pre_backward(grad: torch.Tensor) -> None:
             if not fired[0]:

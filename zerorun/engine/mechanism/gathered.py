@@ -76,6 +76,7 @@ class Init:
         self.world: Collectives | None = None  # rank 0's values are broadcast over it
         self.device: torch.device | None = None
         self._building: list[list[PartitionedBucket]] = []  # per constructor running: buckets it touched
+        self._on_meta: list[nn.Module] = []  # built on the meta device (skip_init): sharded once materialised
         self._patched: list[tuple[type, Callable[..., None]]] = []  # each class's own __init__
         self._had_init_subclass = False
         if module is not None and enabled:  # DeepSpeed's Init(module=m): shard an existing model now
@@ -114,6 +115,9 @@ class Init:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.enabled and exc[0] is None:
+            self._shard_materialised()
+        self._on_meta.clear()
         for cls, orig in reversed(self._patched):
             cls.__init__ = orig  # type: ignore[misc]
         self._patched.clear()
@@ -137,14 +141,25 @@ class Init:
             init._reshard(touched)
             if depth == 0:
                 del module.__dict__[_DEPTH]
+                init._shard_materialised()
                 init._shard_module(module)
 
         cls.__init__ = wrapped  # type: ignore[misc]
         self._patched.append((cls, orig))
 
+    def _shard_materialised(self) -> None:
+        """Modules built on the meta device (``torch.nn.utils.skip_init`` builds there, then ``to_empty``)
+        are sharded once their parameters are real: when the next constructor ends, or at the exit."""
+        waiting, self._on_meta = self._on_meta, []
+        for module in waiting:
+            self._shard_module(module)
+
     def _shard_module(self, module: nn.Module) -> None:
         params = [p for p in module.__dict__.get("_parameters", {}).values()
                   if p is not None and bucket_of(p) is None]
+        if any(p.is_meta for p in params):  # no values to broadcast yet
+            self._on_meta.append(module)
+            return
         if not params:
             return
         quantized_units.mark(params, *self.quantized)
@@ -210,7 +225,7 @@ def GatheredParameters(params: torch.Tensor | Iterable[torch.Tensor] | None,  # 
                     b.scatter_from(modifier_rank)
         for b in to_release:  # what autograd may still read stays with the engine's coordinator
             if b.holder is None or not b.holder(b):
-                b.release()
+                b.release(keep_views=True)  # a tensor the body took from a parameter keeps its bytes
 
 
 def gathered_frozen(frozen: list[PartitionedBucket],

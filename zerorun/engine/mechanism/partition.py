@@ -192,10 +192,13 @@ class PartitionedBucket(FlatBucket):
         if self.state is ParamState.IN_FLIGHT:
             self.wait()
 
-    def release(self) -> None:
+    def release(self, keep_views: bool = False) -> None:
         """GATHERED -> SHARDED: the parameters point at an empty placeholder; the full buffer's bytes are freed.
 
-        The bytes go even while autograd holds views of the buffer (see the module doc).
+        The bytes go even while autograd holds views of the buffer (see the module doc). ``keep_views``
+        (``GatheredParameters``' exit): tensors taken from the gathered parameters (``p.detach().cpu()``
+        shares the storage on CPU) keep their bytes, as DeepSpeed's do: when anything still holds the
+        storage, the bucket moves to a new one and leaves that one to its holders.
         """
         self._move(ParamState.SHARDED)
         self.routes.keep_secondary(self._full)  # hpZ: the node's shard of what was gathered, until the step
@@ -203,6 +206,8 @@ class PartitionedBucket(FlatBucket):
             p.data = self._placeholder
             guard(p)
         self.data = self._placeholder  # dtype and device stay readable; no elements
+        if keep_views and _held_elsewhere(self._full):
+            self._full = torch.empty_like(self._full)  # never written: on the host no page is touched
         _free(self._full)
 
     def read_ahead(self) -> None:
@@ -267,6 +272,14 @@ class PartitionedBucket(FlatBucket):
 
 def _free(flat: torch.Tensor) -> None:
     flat.untyped_storage().resize_(0)
+
+
+def _held_elsewhere(flat: torch.Tensor) -> bool:
+    """Whether a tensor other than ``flat`` shares its storage (True when torch cannot say)."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return True
+    return use_count(flat.untyped_storage()._cdata) > 2  # ``flat`` and the storage object asked here
 
 
 def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:

@@ -134,9 +134,9 @@ def plan_units(module: nn.Module, groups: list[list[nn.Parameter]], coll: Collec
             bucket_of_param.update((id(p), b) for p in ps)
         unit_members.append(list({id(b): b for b in (bucket_of_param[id(p)] for p in direct)}.values()))
         plan.modules.append(m)
-        plan.units.append(Unit(len(plan.units), name or "<root>", ()))
+        plan.units.append(Unit(len(plan.units), name or "<root>", (), leaf))
     index = {id(b): i for i, b in enumerate(plan.buckets + plan.frozen)}
-    plan.units = [Unit(u.index, u.name, tuple(sorted(index[id(b)] for b in members)))
+    plan.units = [Unit(u.index, u.name, tuple(sorted(index[id(b)] for b in members)), u.leaf)
                   for u, members in zip(plan.units, unit_members, strict=True)]
     _move_buffers(module, device)
     return plan

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.errors import EngineError, rank_prefixed
+from zerorun.engine.errors import NoSyncMisuse, rank_prefixed
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -144,12 +144,13 @@ class DeepSpeedSurface:
         they cannot.
         """
         if self.zero_optimization_partition_gradients():
-            raise EngineError(rank_prefixed(self.ctx.rank, f"no_sync() is incompatible with ZeRO stage "
-                                            f"{self.zero_optimization_stage()}: it reduce-scatters gradients "
-                                            "during every backward"),
+            raise NoSyncMisuse(rank_prefixed(self.ctx.rank, "no_sync context manager is incompatible with gradient "
+                                             f"partitioning logic of ZeRO stage {self.zero_optimization_stage()}: "
+                                             "it reduce-scatters gradients during every backward"),
                               "use stage 0 or 1 for no_sync(), or accumulate with gradient_accumulation_steps")
         if self._no_sync:
-            raise EngineError(rank_prefixed(self.ctx.rank, "no_sync() entered twice"),
+            raise NoSyncMisuse(rank_prefixed(self.ctx.rank, "no_sync context manager reentry is unsupported: "
+                                             "no_sync() entered twice"),
                               "no_sync() contexts do not nest")
         self._no_sync = True
         try:
@@ -159,7 +160,8 @@ class DeepSpeedSurface:
 
     def _check_step_allowed(self) -> None:
         if self._no_sync:
-            raise EngineError(rank_prefixed(self.ctx.rank, "engine.step() was called inside no_sync()"),
+            raise NoSyncMisuse(rank_prefixed(self.ctx.rank, "It is illegal to call Engine.step() inside no_sync "
+                                             "context manager: engine.step() was called inside no_sync()"),
                               "leave the no_sync() block, run the last backward outside it, then step() "
                               "(as DeepSpeed requires)")
 

@@ -1,0 +1,61 @@
+"""Names whose absence stopped whole DeepSpeed test files importing, and the generation context manager:
+``deepspeed.checkpoint.utils.get_model_ckpt_name_for_rank`` (and siblings), ``deepspeed.runtime.zero.
+partition_parameters.MultipleAllGatherHandles`` / ``partitioned_param_data_shape``, ``deepspeed.runtime.zero.
+unwrap_model_for_generation`` and ``deepspeed.runtime.zero.leaf_module_config``, under ``import deepspeed``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from zerorun.compat.checkpoint_utils import (
+    get_layer_ckpt_name_for_rank,
+    get_model_ckpt_name_for_rank,
+    get_zero_ckpt_name_for_rank,
+)
+from zerorun.compat.params import MultipleAllGatherHandles
+
+
+def test_checkpoint_file_names_are_deepspeeds() -> None:
+    assert get_model_ckpt_name_for_rank("/c/global_step0", "00") == "/c/global_step0/mp_rank_00_model_states.pt"
+    assert get_zero_ckpt_name_for_rank("/c/t", 3, 0) == "/c/t/zero_pp_rank_3_mp_rank_00_optim_states.pt"
+    assert get_layer_ckpt_name_for_rank("/c/t", "layer_01", 1) == "/c/t/layer_01-model_01_model_states.pt"
+
+
+def test_multiple_all_gather_handles_pass_the_dependency_by_keyword() -> None:
+    class Positional:
+        def wait(self, handle_dependency: bool = True) -> None:
+            self.got = handle_dependency
+
+    class KeywordOnly:
+        def wait(self, *, handle_dependency: bool = True) -> None:
+            self.got = handle_dependency
+
+    handles = [Positional(), KeywordOnly()]
+    MultipleAllGatherHandles(handles).wait(handle_dependency=False)
+    assert [h.got for h in handles] == [False, False]
+
+
+PROBE = """
+import inspect, json
+from deepspeed.checkpoint.utils import get_model_ckpt_name_for_rank
+from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles, partitioned_param_data_shape
+from deepspeed.runtime.zero import unwrap_model_for_generation
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+from deepspeed.runtime.zero.leaf_module_config import DEFAULT_LEAF_MODULE_CLASSES, DEFAULT_LEAF_MODULE_NAMES
+zero = DeepSpeedZeroConfig(**{"leaf_module": {"classes": "my.Class"}, "stage3_module_granularity_threshold": 7})
+print(json.dumps({"cm": callable(unwrap_model_for_generation) and not inspect.ismodule(unwrap_model_for_generation),
+                  "shape": partitioned_param_data_shape, "defaults": DeepSpeedZeroConfig().leaf_module.classes
+                  == DEFAULT_LEAF_MODULE_CLASSES and DEFAULT_LEAF_MODULE_NAMES == [],
+                  "leaf": zero.leaf_module.classes, "threshold": zero.module_granularity_threshold}))
+"""
+
+
+def test_the_names_import_under_deepspeed() -> None:
+    env = {**os.environ, "ZERORUN_AS_DEEPSPEED": "force", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7}

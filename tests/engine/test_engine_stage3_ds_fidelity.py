@@ -1,0 +1,106 @@
+"""Stage 3 as DeepSpeed 0.19.8's ZeRO tests expect it, on 2 gloo ranks (one spawn, three cases):
+
+* ``torch.nn.utils.skip_init`` under ``zero.Init`` (it builds on the meta device, then ``to_empty``):
+  the module is sharded once real, with rank 0's values on every rank;
+* a tensor taken from a parameter inside ``GatheredParameters`` (``p.detach().cpu()`` shares the
+  storage on CPU) keeps its values after the exit, as DeepSpeed's does;
+* ``unwrap_model_for_generation``: the whole model gathered and unhooked for the body (a forward there
+  equals plain torch on the same weights, with no collective), the hooks back after, training goes on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import skip_init
+
+from tests.dist_harness import run_distributed
+
+H = 6
+
+
+def _config() -> dict:
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+
+
+class Skipped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = skip_init(nn.Linear, H, H)
+        self.l2 = nn.Linear(H, H)
+        self.l3 = skip_init(nn.Linear, H, H)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+
+
+def _skip_init(rank: int, world: int) -> dict:
+    import zerorun
+
+    with zerorun.zero.Init(config=_config()):
+        model = Skipped()
+    out = {"shard": model.l1.weight.ds_tensor.numel(), "sizes": [p.numel() for p in model.parameters()]}
+    with zerorun.zero.GatheredParameters(list(model.parameters())):
+        out["full"] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+def _kept_storage(rank: int, world: int) -> dict:
+    import zerorun
+
+    with zerorun.zero.Init(config=_config()):
+        model = nn.Linear(H, H)
+    taken = {}
+    for name, p in model.named_parameters():
+        with zerorun.zero.GatheredParameters(p, modifier_rank=None):
+            taken[name] = (p.detach().cpu(), p.detach().clone())  # the first shares the gathered storage
+    return {"same": all(torch.equal(a, b) for a, b in taken.values()), "numel": model.weight.numel()}
+
+
+def _unwrap(rank: int, world: int) -> dict:
+    import zerorun
+    from zerorun.compat.generation import unwrap_model_for_generation
+
+    torch.manual_seed(0)
+    engine, *_ = zerorun.initialize(model=nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Linear(H, 2)),
+                                    config=_config())
+    x = torch.randn(2, H, generator=torch.Generator().manual_seed(rank))
+    engine.backward(engine(x).square().mean())
+    engine.step()
+    hooked = len(engine.optimizer.parameter_offload.forward_hooks)
+    with unwrap_model_for_generation(engine) as unwrapped:
+        inside = {"hooks": len(engine.optimizer.parameter_offload.forward_hooks),
+                  "whole": all(p.numel() > 0 for p in engine.module.parameters())}
+        plain = nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Linear(H, 2))
+        plain.load_state_dict({k: v.detach().clone() for k, v in engine.module.state_dict().items()})
+        before = engine.comm_stats()
+        with torch.no_grad():
+            inside["equal"] = torch.equal(unwrapped.module(x), plain(x))
+        inside["silent"] = engine.comm_stats() == before  # no gather per forward: the hooks are off
+    after = {"hooks": len(engine.optimizer.parameter_offload.forward_hooks),
+             "sharded": all(p.numel() == 0 for p in engine.module.parameters())}
+    loss = engine(x).square().mean()
+    engine.backward(loss)
+    engine.step()
+    return {"hooked": hooked, "inside": inside, "after": after, "finite": bool(torch.isfinite(loss))}
+
+
+def _all(rank: int, world: int) -> dict:
+    return {"skip_init": _skip_init(rank, world), "kept": _kept_storage(rank, world), "unwrap": _unwrap(rank, world)}
+
+
+def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
+    results = run_distributed(_all, 2, timeout=240)
+    for r in results:
+        s = r["skip_init"]
+        assert s["sizes"] == [0] * 6  # skip_init's modules are sharded like any other
+        assert [t.shape for t in s["full"]] == [(H, H), (H,)] * 3
+        assert r["kept"]["same"] and r["kept"]["numel"] == 0  # the taken tensor outlived the gather
+        u = r["unwrap"]
+        assert u["hooked"] > 0 and u["inside"] == {"hooks": 0, "whole": True, "equal": True, "silent": True}
+        assert u["after"] == {"hooks": u["hooked"], "sharded": True} and u["finite"]
+    assert sum(r["skip_init"]["shard"] for r in results) == H * H  # each rank holds its part of l1.weight
+    for a, b in zip(results[0]["skip_init"]["full"], results[1]["skip_init"]["full"], strict=True):
+        assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.nan_to_num(), b.nan_to_num()))
