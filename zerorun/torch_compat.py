@@ -249,12 +249,42 @@ def non_persistent_buffers(module: nn.Module) -> set[str]:
     return own - kept
 
 
+
+def storage_use_count(tensor: torch.Tensor) -> int | None:
+    """How many references hold ``tensor``'s storage (``torch._C._storage_Use_Count``), the one asking
+    included; None where this torch cannot say (the caller then assumes the storage is shared)."""
+    use_count = _private(torch._C, "_storage_Use_Count", "storage_use_count")
+    return None if use_count is None else int(use_count(tensor.untyped_storage()._cdata))
+
+
+# -- simulate: a dispatch mode that gives host tensors a storage that costs nothing -------------------
+
+def dispatch_mode_class() -> type:
+    """torch's base class of a Python dispatch mode (``torch.utils._python_dispatch.TorchDispatchMode``).
+    Required for ``zerorun simulate`` with offload: no public module exposes one."""
+    try:
+        module = importlib.import_module("torch.utils._python_dispatch")
+    except ImportError as e:
+        raise _required("torch.utils._python_dispatch", "2.0", "zerorun.simulate's host tensors") from e
+    mode = _private(module, "TorchDispatchMode", "dispatch_mode_class")
+    if mode is None:
+        raise _required("torch.utils._python_dispatch.TorchDispatchMode", "2.0", "zerorun.simulate's host tensors")
+    return mode  # type: ignore[no-any-return]
+
+
+def pin_memory_ops() -> tuple[Any, ...]:
+    """The aten overloads that pin a tensor (``aten.pin_memory``, and ``aten._pin_memory`` where this torch
+    has it)."""
+    private = None if "pin_memory_ops" in FORCE_FALLBACK else getattr(torch.ops.aten, "_pin_memory", None)
+    return (torch.ops.aten.pin_memory.default,) + ((private.default,) if private is not None else ())
+
 # Attribute names of torch's objects (tensors, modules, process groups) that are private: the
 # source test flags ``x.<name>`` anywhere outside this module.
 PRIVATE_ATTRIBUTES = ("_version", "_parameters", "_buffers", "_non_persistent_buffers_set", "_get_backend",
                       "_timeout")
 
 __all__ = ["FORCE_FALLBACK", "PRIVATE_ATTRIBUTES", "TorchCompatError", "call_without_subclass", "compiler_runtime_module",
-           "current_graph_task_id", "detached_tls", "disable_compile", "fake_store", "group_timeout_s",
+           "current_graph_task_id", "detached_tls", "disable_compile", "dispatch_mode_class", "fake_store",
+           "group_timeout_s", "pin_memory_ops", "storage_use_count",
            "in_backward", "non_persistent_buffers", "own_buffers", "own_parameters", "queue_backward_callback", "set_own_buffer",
            "tls_can_detach", "tree_leaves", "version_counter"]

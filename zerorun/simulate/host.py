@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from zerorun import torch_compat
 
 _HOST = torch.device("cpu")
 _META = torch.device("meta")
@@ -53,10 +53,10 @@ def is_host(t: torch.Tensor) -> bool:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+    return [x for x in torch_compat.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-class HostStandIn(TorchDispatchMode):
+class HostStandIn(torch_compat.dispatch_mode_class()):  # type: ignore[misc]
     """Turns every op that would make a host tensor from meta data into one that makes a tagged meta tensor."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -79,7 +79,7 @@ class HostStandIn(TorchDispatchMode):
 
     def _plain(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """An op that names no device: its output is host memory when it is made from host tensors alone."""
-        if func in (torch.ops.aten._pin_memory.default, torch.ops.aten.pin_memory.default):
+        if func in torch_compat.pin_memory_ops():
             return args[0]  # pinned or not, a tagged meta tensor is host memory already
         if func is torch.ops.aten.is_pinned.default:
             return False

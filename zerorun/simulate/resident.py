@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from zerorun import torch_compat
 from zerorun.simulate.host import is_host
 
 # objects whose attributes may lead to a tensor of the engine; anything else is a leaf
@@ -46,7 +47,7 @@ def _children(obj: object) -> Iterable[object]:
     if isinstance(obj, (list, tuple, set, frozenset, deque)):
         return obj
     if isinstance(obj, torch.nn.Module):  # its tensors and submodules; not its hook tables
-        return [obj._parameters, obj._buffers, obj._modules,
+        return [torch_compat.own_parameters(obj), torch_compat.own_buffers(obj), dict(obj.named_children()),
                 *(v for v in obj.__dict__.values() if isinstance(v, torch.Tensor))]
     module = type(obj).__module__ or ""
     if not module.startswith(_WALKED) and module != "zerorun":

@@ -157,7 +157,8 @@ class Init:
     def _shard_module(self, module: nn.Module) -> None:
         params = [p for p in module.__dict__.get("_parameters", {}).values()
                   if p is not None and bucket_of(p) is None]
-        if any(p.is_meta for p in params):  # no values to broadcast yet
+        real_device = self.device is not None and self.device.type != "meta"  # a simulated world computes on meta
+        if real_device and any(p.is_meta for p in params):  # no values to broadcast yet
             self._on_meta.append(module)
             return
         if not params:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from zerorun import torch_compat
 from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.comm.quantize import pack, packed_bytes
 from zerorun.engine.comm.quantized import quantized_all_gather
@@ -276,10 +277,8 @@ def _free(flat: torch.Tensor) -> None:
 
 def _held_elsewhere(flat: torch.Tensor) -> bool:
     """Whether a tensor other than ``flat`` shares its storage (True when torch cannot say)."""
-    use_count = getattr(torch._C, "_storage_Use_Count", None)
-    if use_count is None:
-        return True
-    return use_count(flat.untyped_storage()._cdata) > 2  # ``flat`` and the storage object asked here
+    use_count = torch_compat.storage_use_count(flat)
+    return use_count is None or use_count > 2  # ``flat`` and the storage object asked here
 
 
 def refresh_together(buckets: list[PartitionedBucket], coll: Collectives) -> None:
