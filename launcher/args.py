@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--num_gpus", "--gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
                    help="ranks per node (the first G slots); on a machine without GPUs, G CPU ranks")
     w.add_argument("--master_addr", help="address of rank 0's store (default: the first node; 127.0.0.1 locally)")
-    w.add_argument("--master_port", default="29500", help="port of rank 0's store, or `auto` for a free local port (default 29500)")
+    w.add_argument("--master_port", help="port of rank 0's store, or `auto` for a free local port (default 29500; "
+                                          "a job on this machine alone takes a free port when 29500 is taken, and says so)")
     w.add_argument("--devices", choices=["auto", "gpu", "cpu"], default="auto",
                    help="set CUDA_VISIBLE_DEVICES on nodes with GPUs (auto), always (gpu) or never (cpu)")
     r = p.add_argument_group("how to reach the nodes")

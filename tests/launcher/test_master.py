@@ -52,7 +52,7 @@ def test_explicit_loopback_master_with_a_remote_node_is_refused(addr: str) -> No
 def test_launch_plans_a_routable_master_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from launcher.main import main
-    from launcher.plan.launch_plan import master
+    from launcher.plan import master
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(master, "source_address", lambda to: "10.77.0.1")  # no route lookup in the test
