@@ -14,6 +14,7 @@ from launcher.parser import LauncherParser
 from launcher.plan.hostnames import MAX_RANKS, bounded_range
 from launcher.plan.runners import RunnerKind
 from launcher.plan.threads import threads_per_rank_arg
+from launcher.watch.hints import MisplacedOptions
 from launcher.watch.watch_args import add_watch_options
 
 EXAMPLES = """\
@@ -113,12 +114,28 @@ def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[s
     return argv, []
 
 
+def misplaced_options(parser: argparse.ArgumentParser, head: list[str], tail: list[str]) -> MisplacedOptions | None:
+    """The launcher's own flags written after SCRIPT (they stay the script's; a hint names them if it fails)."""
+    actions, spans, i = parser._option_string_actions, [], 0
+    while i < len(tail):
+        flag = tail[i].split("=", 1)[0]
+        action = actions.get(flag)
+        if action is None or flag in ("-h", "--help"):
+            i += 1
+            continue
+        stop = i + (2 if action.nargs != 0 and "=" not in tail[i] and i + 1 < len(tail) else 1)
+        spans.append((flag, i, stop))
+        i = stop
+    return MisplacedOptions(tuple(head), tuple(tail), tuple(spans)) if spans and head and "--" not in head else None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the launcher's options; ``script_args`` are exactly the tokens after SCRIPT."""
     parser = build_parser()
     head, tail = split_argv(parser, argv)
     ns = parser.parse_args(head)
     ns.script_args = list(tail)
+    ns.misplaced = misplaced_options(parser, head, tail)
     if ns.module and ns.no_python:
         raise LaunchError("--module and --no_python cannot be combined", "pick one way to run SCRIPT")
     return ns

@@ -286,4 +286,6 @@ def main(argv: list[str]) -> int:
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else with_ifnames(make_plan(ns, nodes, local)[0], *ifnames)
 
-    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns)).exit_code
+    hints = (ns.misplaced,) if ns.misplaced else ()  # `zerorun train.py --num_gpus 2`: said if the script refuses it
+    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns),
+                             hints=hints).exit_code

@@ -94,3 +94,54 @@ def test_doctor_takes_the_launchers_num_gpus(spelling: str, tmp_path: Path, monk
     assert main(["doctor", spelling, "2", "--json"]) == 0, capsys.readouterr()
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and [h["slots"] for h in data["hosts"]] == [2]
+
+
+def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+            script: str, *argv: str) -> tuple[int, str]:
+    from launcher.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text(script)
+    code = main(["--master_port", "auto", *argv])
+    return code, capfd.readouterr().err
+
+
+VALUE_ERROR = """import os
+def check(lr):
+    if os.environ["RANK"] == "1":
+        raise ValueError(f"bad lr: {lr} (must be < 1)")
+check(3.0)
+"""
+
+
+def test_the_root_cause_box_quotes_a_ranks_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    code, err = _launch(tmp_path, monkeypatch, capfd, VALUE_ERROR, "--num_gpus", "2", "t.py")
+    box = err[err.index("Root cause"):]
+    assert code == 1
+    assert "  error     : ValueError: bad lr: 3.0 (must be < 1)\n" in box, err
+    assert "  raised at : t.py:4 in check (traceback" in box, err  # the script raised it: no "(from ...)"
+    assert "(traceback above, by rank(s) 1)" in box, err
+
+
+ARGPARSE = """import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float)
+p.add_argument("--local_rank", type=int)
+p.parse_args()
+"""
+
+
+def test_a_launcher_option_after_the_script_is_named_when_the_script_refuses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    code, err = _launch(tmp_path, monkeypatch, capfd, ARGPARSE, "t.py", "--lr", "1", "--num_gpus", "2")
+    assert code == 2
+    assert ("hint      : --num_gpus went to the script (everything after the script is the script's); launcher "
+            "options go before it: zerorun --master_port auto --num_gpus 2 t.py --lr 1") in err, err
+
+
+def test_a_script_that_takes_the_launchers_flag_keeps_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    script = ARGPARSE.replace('p.add_argument("--lr"', 'p.add_argument("--num_gpus", type=int)\np.add_argument("--lr"')
+    code, err = _launch(tmp_path, monkeypatch, capfd, script + "import sys; sys.exit(3)\n", "t.py", "--num_gpus", "2")
+    assert code == 3 and "launcher options go before" not in err, err
