@@ -30,4 +30,4 @@ def test_nothing_fits_names_the_levers_in_order_of_effect(capsys: pytest.Capture
 
 def test_a_recommendation_ends_with_the_command_that_writes_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--params", "14B", "--gpus", "8", "--gpu-memory", "80GB"]) == 0
-    assert "next: zerorun print-config --template zero2 -o ds_config.yaml" in capsys.readouterr().out
+    assert "next: zerorun print-config --template zero1 -o ds_config.yaml" in capsys.readouterr().out  # 80 GiB cards

@@ -24,3 +24,24 @@ def test_the_toy_prints_one_progress_line_per_step_that_agrees_with_the_engines(
     assert len(losses) == 2 and losses[0].startswith("[zerorun] step 10 | loss "), out.stdout  # engine's, final
     engine_loss = losses[0].split("| loss ")[1].split()[0]
     assert losses[1].startswith("loss: ") and f"-> {engine_loss} in step 10" in losses[1], out.stdout
+
+
+@pytest.mark.parametrize(("text", "gib"), [("3090", 24.0), ("4090", 23.99), ("a100-40", 40.0), ("A100-80", 80.0),
+                                           ("h100", 79.65), ("h200", 140.4), ("l40s", 44.99), ("MI300X", 191.98),
+                                           ("24GB", 24.0), ("24 GB", 24.0), ("24G", 24.0), ("24", 24.0),
+                                           ("24GiB", 24.0), ("24000MB", 22.35)])
+def test_gpu_memory_is_the_card_as_users_type_it(text: str, gib: float) -> None:
+    from zerorun.estimate import parse_gpu_memory
+
+    assert parse_gpu_memory(text) / 2**30 == pytest.approx(gib, abs=0.01)
+
+
+def test_the_estimate_says_how_it_read_gpu_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    from zerorun.cli import main
+
+    assert main(["estimate", "--params", "1B", "--gpu-memory", "24GB"]) == 0
+    assert "note: --gpu-memory 24GB: 24.0 GiB per GPU (GB as on a card's label, which means GiB" in capsys.readouterr().out
+    assert main(["estimate", "--params", "1B", "--gpu-memory", "h100"]) == 0
+    assert "79.6 GiB per GPU, the h100's total as its driver reports it" in capsys.readouterr().out
+    assert main(["estimate", "--params", "1B", "--gpu-memory", "h1000"]) == 1
+    assert "a card (3090, 4090, a100-40, a100-80, h100, h200, l40s, mi300x)" in capsys.readouterr().err
