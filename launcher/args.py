@@ -10,7 +10,7 @@ import argparse
 
 from launcher.elastic.supervisor import add_elastic_options
 from launcher.errors import LaunchError
-from launcher.parser import LauncherParser
+from launcher.parser import HelpFormatter, LauncherParser
 from launcher.plan.hostnames import MAX_RANKS, bounded_range
 from launcher.plan.runners import RunnerKind
 from launcher.plan.threads import threads_per_rank_arg
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="zerorun", usage="zerorun [launcher options] SCRIPT [script args]",
         description="Launch SCRIPT on this machine or on the hosts of a hostfile. Every flag takes - or _ "
                     "alike (--num_gpus = --num-gpus); options end at SCRIPT, the rest is the script's.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+        epilog=EXAMPLES, formatter_class=HelpFormatter, allow_abbrev=False,
     )
     w = p.add_argument_group("where to run")
     w.add_argument("-H", "--hostfile", help="hostfile (`host slots=N` lines); default /job/hostfile if present, else this machine")

@@ -45,3 +45,64 @@ def test_the_estimate_says_how_it_read_gpu_memory(capsys: pytest.CaptureFixture[
     assert "79.6 GiB per GPU, the h100's total as its driver reports it" in capsys.readouterr().out
     assert main(["estimate", "--params", "1B", "--gpu-memory", "h1000"]) == 1
     assert "a card (3090, 4090, a100-40, a100-80, h100, h200, l40s, mi300x)" in capsys.readouterr().err
+
+
+def test_help_paragraphs_wrap_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerorun.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # wide: a paragraph is one line, whatever the docstring's breaks
+    assert main(["simulate", "--help"]) == 0
+    assert "every collective keeps its shapes and byte counts, not its values. Printed beside" in capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["simulate", "--help"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "keeps" not in lines and "for" not in lines and "step" not in lines  # no one-word leftovers
+
+
+def test_off_a_terminal_help_and_tables_are_100_columns(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from launcher.args import build_parser
+    from zerorun.cli import main
+    from zerorun.commands.console import console
+    from zerorun.width import output_width
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert output_width() == 100 and console().width == 100 and console(stderr=True).width == 100
+    assert main(["estimate", "--help"]) == 0
+    widths = [len(line) for line in capsys.readouterr().out.splitlines()]
+    assert 80 < max(widths) <= 100, widths
+    text = build_parser().format_help()
+    assert "Every flag takes - or _ alike" in text and max(len(line) for line in text.splitlines()) <= 100
+    assert max(len(line) for line in text.split("Examples:")[0].splitlines()) > 80  # laid out for 100, not 80
+    monkeypatch.setenv("COLUMNS", "120")
+    assert output_width() == 120 and console().width == 120
+
+
+def test_the_autotune_dry_run_table_is_not_cut_off_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from zerorun.cli import main
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text('{"train_batch_size": 8, "zero_optimization": {"stage": 2}}')
+    (tmp_path / "t.py").write_text("pass\n")
+    assert main(["autotune", "--num_gpus", "2", "--config", "ds.json", "--dry-run", "t.py"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100, out
+
+
+def test_autotunes_eight_column_results_fit_off_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.table import Table
+
+    from zerorun.commands.console import console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    table = Table()
+    names = ("#", "knobs (vs start)", "samples/s", "spread", "median step", "peak memory", "status", "why")
+    for name in names:  # zerorun.autotune.display.results_table's columns, its knobs column as wide
+        table.add_column(name, overflow="fold", min_width=24 if name.startswith("knobs") else None)
+    table.add_row("1", "reduce_bucket_size=1.25e+08", "1234.56", "1.2%", "45.6 ms", "12.3 GiB", "finished", "winner")
+    console().print(table)
+    out = capsys.readouterr().out
+    assert all(name in out for name in names), out  # at rich's 80 columns: `statu`

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from zerorun.commands.console import console
 from zerorun.commands.options import Json
 
 if TYPE_CHECKING:  # the launcher is imported when the command runs, not when the CLI starts
@@ -211,5 +212,5 @@ def command(
         data: dict[str, Any] = report.to_dict()
         print(json.dumps(data, indent=2))
     else:
-        show(report, Console())
+        show(report, console())
     raise typer.Exit(0 if report.ok else 1)
