@@ -106,3 +106,39 @@ def test_autotunes_eight_column_results_fit_off_a_terminal(monkeypatch: pytest.M
     console().print(table)
     out = capsys.readouterr().out
     assert all(name in out for name in names), out  # at rich's 80 columns: `statu`
+
+
+def test_simulate_says_why_its_buffers_differ_from_the_estimates() -> None:
+    from types import SimpleNamespace
+
+    from zerorun.simulate.compare import STATE_TERMS
+    from zerorun.simulate.report import _memory_lines
+
+    memory = {**{t: 1 << 20 for t in STATE_TERMS}, "buffers": 2 * 10**9}
+    result = SimpleNamespace(memory=memory, forward_params=0, stage=2, kept_numel=None)
+    comparison = SimpleNamespace(states={t: 1 << 20 for t in STATE_TERMS}, bound=0, total=5 << 30, window=None,
+                                 buffers={"reduce_staging": 1000 << 20})
+    lines = _memory_lines(result, comparison)  # type: ignore[arg-type]
+    text = "\n".join(lines)
+    assert "1.86 GiB" in text and "1000.00 MiB" in text and "buffers differ by design" in text
+    assert "one reduce_bucket_size buffer, two with" in text and max(len(line) for line in lines) <= 80
+
+
+def test_the_readme_names_the_extra_packages_the_tools_ask_for() -> None:
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, tool in (("safetensors", "model.safetensors"), ("plot", "estimate --plot")):
+        assert extra in extras and f"pip install -e '.[{extra}]'" in readme, extra
+        assert tool in readme.split("**Extra packages.**", 1)[1].split("\n\n", 1)[0], tool
+    assert "`zerorun simulate --model config.json`" in readme and "pip install transformers" in readme
+    hints = [(ROOT / "zerorun" / p).read_text() for p in ("simulate/model.py", "engine/checkpoint/consolidate.py",
+                                                          "estimate/plot.py")]
+    assert "transformers" in hints[0] and "zerorun[safetensors]" in hints[1] and "zerorun[plot]" in hints[2]
+
+
+def test_the_readme_says_what_a_second_job_and_a_misplaced_option_do() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "**A second job on the same machine**" in readme and "takes 29500 when it\nis free, else a free port" in readme
+    assert "**A launcher option after the script**" in readme
