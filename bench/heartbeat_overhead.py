@@ -8,7 +8,10 @@ steps on gloo; rank 0 prints the median step time of the steps after the first 5
 modes of one stage run interleaved (off, on, order, off, on, order, ...) so drift in the
 machine's load falls on each alike; the figure is the median over the repeats. The
 always-on part (each collective noting itself in the progress record) is in every mode:
-its cost per collective is timed alone, in-process, as ``trace_ns``. In the order-check run
+its cost per collective is timed alone, in-process, as ``trace_ns``. In the heartbeat run (the
+default, whose lazy order check records every collective in a ring for the launcher to compare)
+each rank then runs ``--steps`` more steps with the recording on and off in alternating pairs
+(``a/b lazy order``), and times one record alone (``note_ns``). In the strict order-check run
 each rank then runs ``--steps`` more steps with the check on and off in alternating pairs
 (``a/b``): the same process, the same moment, no launch between them, so the machine's
 load falls on both alike (``--modes heartbeat+order`` runs only that).
@@ -66,6 +69,21 @@ RANK_SCRIPT = textwrap.dedent("""\
         for i in range(200):
             engine.coll.order.issue(10**6 + i, "all_gather", 4096, "fp32")
         out["check_us"] = (time.perf_counter() - t0) / 200 * 1e6
+    from zerorun.heartbeat.state import PROGRESS as P
+    if P.record_order and engine.coll.order is None:  # the default, lazy order check: its recording on and off
+        lazy = {True: [], False: []}  # in alternating pairs of steps, in this process (no exchange to pair)
+        for i in range(steps):
+            on = (i // 2) % 2 == 0
+            P.record_order = on
+            t0 = time.perf_counter()
+            engine.backward(engine(x).square().mean()); engine.step()
+            lazy[on].append(time.perf_counter() - t0)
+        P.record_order = True
+        out["lazy_on_s"], out["lazy_off_s"] = statistics.median(lazy[True]), statistics.median(lazy[False])
+        t0 = time.perf_counter()
+        for i in range(20000):
+            P.note_issue(10**7 + i, "all_gather", 4096, "fp32")
+        out["note_ns"] = (time.perf_counter() - t0) / 20000 * 1e9
     if int(os.environ["RANK"]) == 0:
         print("RESULT " + json.dumps(out), flush=True)
 """)
@@ -106,6 +124,15 @@ def summarize(runs: dict[str, list[dict[str, float]]], beat_s: float) -> dict[st
     if "heartbeat" in runs:
         beat_us = statistics.median(r["beat_us"] for r in runs["heartbeat"])
         out.update({"beat us": round(beat_us, 1), "beat % of time": round(100 * beat_us * 1e-6 / beat_s, 3)})
+        if all("lazy_on_s" in r for r in runs["heartbeat"]):  # the default order check, in-process a/b
+            on = statistics.median(r["lazy_on_s"] for r in runs["heartbeat"])
+            off = statistics.median(r["lazy_off_s"] for r in runs["heartbeat"])
+            out.update({"a/b unrecorded ms": round(off * 1000, 2), "a/b lazy order ms": round(on * 1000, 2),
+                        "a/b lazy order vs unrecorded %": round(100 * (on / off - 1), 1),
+                        "note ns": round(statistics.median(r["note_ns"] for r in runs["heartbeat"]), 1)})
+            per_step = runs["heartbeat"][0]["collectives_per_step"]
+            out.update({"collectives/step": per_step, "lazy order % of step (timed)":
+                        round(100 * per_step * out["note ns"] * 1e-9 / off, 3)})
     if "heartbeat+order" in runs:
         order = runs["heartbeat+order"]
         per_step, check_us = order[0]["collectives_per_step"], statistics.median(r["check_us"] for r in order)

@@ -59,7 +59,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--print-every", type=int, default=5)
+    parser.add_argument("--print-every", type=int, default=None,
+                        help="print the mean loss every N steps (default: only when the engine's own progress line, "
+                             "config steps_per_print, is off; the engine's line shows the last micro batch's loss)")
     zerorun.add_config_arguments(parser)
     args = parser.parse_args()
 
@@ -73,7 +75,12 @@ def main() -> None:
         n = sum(p.numel() for p in model.parameters())
         print(f"toy MLP: {n:,} parameters, ZeRO stage {engine.zero_stage}, {engine.precision.name}, "
               f"{world} ranks x micro batch {micro} x {gas} accumulation steps", flush=True)
-    window: list[float] = []  # losses since the last print: their mean is far less noisy than one batch
+    # One progress line: the engine's (every steps_per_print steps, the last micro batch's loss), or, with it
+    # off or with --print-every, this script's mean over the micro batches since its last line (less noisy).
+    engine_prints = engine.config.steps_per_print not in (None, 0) and engine.config.steps_per_print < float("inf")
+    every = args.print_every or (0 if engine_prints else 5)
+    window: list[float] = []
+    first: float | None = None
     for step in range(args.steps):
         for k in range(gas):
             x, y = batch(step * gas + k, rank, world, micro, args.hidden, teacher)
@@ -85,13 +92,15 @@ def main() -> None:
             window.append(loss.item())
         if step == 0:
             engine.reset_memory_peak()  # the peak of the steps that follow: set-up and first-step costs left out
-        if rank == 0 and ((step + 1) % args.print_every == 0 or step == args.steps - 1):
-            mean = sum(window) / len(window)
-            # labelled as a mean: the engine's own progress line shows the last micro batch's loss
-            print(f"step {step + 1:3d}  mean loss of {len(window)} micro batches {mean:.4f}  "
+            first = sum(window) / len(window)
+        if rank == 0 and every and ((step + 1) % every == 0 or step == args.steps - 1):
+            print(f"step {step + 1:3d}  mean loss of {len(window)} micro batches {sum(window) / len(window):.4f}  "
                   f"lr {engine.get_lr()[0]:.2e}", flush=True)
-        if (step + 1) % args.print_every == 0:
+        if every and (step + 1) % every == 0:
             window.clear()
+    if rank == 0 and window and first is not None and not every:
+        print(f"loss: {first:.4f} in step 1 -> {sum(window[-gas:]) / len(window[-gas:]):.4f} in step {args.steps} "
+              f"(means over each step's {gas} micro batch(es))", flush=True)
     if rank == 0:
         print(f"memory per rank: {format_memory(engine.memory_breakdown())}", flush=True)
     held = held_line(engine)

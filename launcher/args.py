@@ -10,10 +10,11 @@ import argparse
 
 from launcher.elastic.supervisor import add_elastic_options
 from launcher.errors import LaunchError
-from launcher.parser import LauncherParser
+from launcher.parser import HelpFormatter, LauncherParser
 from launcher.plan.hostnames import MAX_RANKS, bounded_range
 from launcher.plan.runners import RunnerKind
 from launcher.plan.threads import threads_per_rank_arg
+from launcher.watch.hints import MisplacedOptions
 from launcher.watch.watch_args import add_watch_options
 
 EXAMPLES = """\
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="zerorun", usage="zerorun [launcher options] SCRIPT [script args]",
         description="Launch SCRIPT on this machine or on the hosts of a hostfile. Every flag takes - or _ "
                     "alike (--num_gpus = --num-gpus); options end at SCRIPT, the rest is the script's.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
+        epilog=EXAMPLES, formatter_class=HelpFormatter, allow_abbrev=False,
     )
     w = p.add_argument_group("where to run")
     w.add_argument("-H", "--hostfile", help="hostfile (`host slots=N` lines); default /job/hostfile if present, else this machine")
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--num_gpus", "--gpus", "--nproc_per_node", "--num_accelerators", dest="num_gpus", type=int,
                    help="ranks per node (the first G slots); on a machine without GPUs, G CPU ranks")
     w.add_argument("--master_addr", help="address of rank 0's store (default: the first node; 127.0.0.1 locally)")
-    w.add_argument("--master_port", default="29500", help="port of rank 0's store, or `auto` for a free local port (default 29500)")
+    w.add_argument("--master_port", help="port of rank 0's store, or `auto` for a free local port (default 29500; "
+                                          "a job on this machine alone takes a free port when 29500 is taken, and says so)")
     w.add_argument("--devices", choices=["auto", "gpu", "cpu"], default="auto",
                    help="set CUDA_VISIBLE_DEVICES on nodes with GPUs (auto), always (gpu) or never (cpu)")
     r = p.add_argument_group("how to reach the nodes")
@@ -112,12 +114,28 @@ def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[s
     return argv, []
 
 
+def misplaced_options(parser: argparse.ArgumentParser, head: list[str], tail: list[str]) -> MisplacedOptions | None:
+    """The launcher's own flags written after SCRIPT (they stay the script's; a hint names them if it fails)."""
+    actions, spans, i = parser._option_string_actions, [], 0
+    while i < len(tail):
+        flag = tail[i].split("=", 1)[0]
+        action = actions.get(flag)
+        if action is None or flag in ("-h", "--help"):
+            i += 1
+            continue
+        stop = i + (2 if action.nargs != 0 and "=" not in tail[i] and i + 1 < len(tail) else 1)
+        spans.append((flag, i, stop))
+        i = stop
+    return MisplacedOptions(tuple(head), tuple(tail), tuple(spans)) if spans and head and "--" not in head else None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the launcher's options; ``script_args`` are exactly the tokens after SCRIPT."""
     parser = build_parser()
     head, tail = split_argv(parser, argv)
     ns = parser.parse_args(head)
     ns.script_args = list(tail)
+    ns.misplaced = misplaced_options(parser, head, tail)
     if ns.module and ns.no_python:
         raise LaunchError("--module and --no_python cannot be combined", "pick one way to run SCRIPT")
     return ns

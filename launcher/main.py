@@ -30,6 +30,7 @@ from launcher.plan.hostfile import Host, find_hosts
 from launcher.plan.ifname import with_ifnames
 from launcher.plan.launch_plan import AgentOptions, DeviceMode, LaunchPlan, build_plan, new_job_id
 from launcher.plan.master import plan_master
+from launcher.plan.port import choose_port
 from launcher.plan.runners import NodeCommand, RunnerKind, SshOptions, build_commands, check_mpirun_as_root
 from launcher.plan.threads import say_threads
 from launcher.protocol import new_key
@@ -90,16 +91,6 @@ def choose_runner(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: b
         raise LaunchError(f"--launcher {kind.value} needs `{binary}`, which is not installed here",
                           "install it, or pick another --launcher (local, ssh, pdsh, slurm, openmpi)")
     return kind
-
-
-def master_port(text: str) -> tuple[int, str | None]:
-    if text == "auto":
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1], "auto: a free port on this machine"
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise LaunchError(f"--master_port {text!r} is not a port", "give 1-65535, or `auto` for a free port")
-    return int(text), None
 
 
 def validate_config(path: str, world_size: int, flag: str, keep_global_batch: bool = False,
@@ -203,7 +194,14 @@ def ssh_options(ns: argparse.Namespace) -> SshOptions:
     return SshOptions(port=ns.ssh_port, args=tuple(shlex.split(text)))
 
 
-def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool) -> tuple[LaunchPlan, str | None]:
+def runs_here(nodes: tuple[NodeSlots, ...], local: bool) -> bool:
+    """Whether every rank runs on this machine (no hostfile, or one node that is this machine)."""
+    return local or (len(nodes) == 1 and is_this_machine(nodes[0].host.address))
+
+
+def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool,
+              check_port: bool = True) -> tuple[LaunchPlan, str | None]:
+    """The plan; ``check_port``: a ``--master_port`` taken here stops the launch (not for a dry run or doctor)."""
     world_size = sum(len(n.slots) for n in nodes)
     keep = node_range(ns) is not None
     per_node = max((len(n.slots) for n in nodes), default=1)
@@ -218,7 +216,7 @@ def make_plan(ns: argparse.Namespace, nodes: tuple[NodeSlots, ...], local: bool)
         env[COMPAT_ENV] = "1"
     if ns.debug:
         env["ZERORUN_DEBUG"] = "1"
-    port, port_reason = master_port(ns.master_port)
+    port, port_reason = choose_port(ns.master_port, runs_here(nodes, local), check_port)
     devices = DeviceMode(ns.devices)
     gpus = local_gpus(os.environ, gpu_count()) if local else ()
     if devices is DeviceMode.AUTO and local and not gpus:
@@ -260,7 +258,7 @@ def main(argv: list[str]) -> int:
     kind = choose_runner(ns, nodes, local)
     if not ns.dry_run:
         check_script(ns, local)
-    plan, config = make_plan(ns, nodes, local)
+    plan, config = make_plan(ns, nodes, local, check_port=not ns.dry_run)
     commands = commands_for(ns, plan, kind)
     if ns.dry_run:
         text = dump_json(plan_json(plan, commands, kind)) if ns.json else plan_text(plan, commands, kind, config)
@@ -288,4 +286,6 @@ def main(argv: list[str]) -> int:
     def plan_for(restart: int) -> LaunchPlan:  # `--master_port auto`: a fresh free port for every attempt
         return plan if restart == 0 or ns.master_port != "auto" else with_ifnames(make_plan(ns, nodes, local)[0], *ifnames)
 
-    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns)).exit_code
+    hints = (ns.misplaced,) if ns.misplaced else ()  # `zerorun train.py --num_gpus 2`: said if the script refuses it
+    return run_with_restarts(plan_for, lambda p: commands_for(ns, p, kind), policy, watch_for=watch_factory(ns),
+                             hints=hints).exit_code

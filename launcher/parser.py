@@ -15,6 +15,7 @@ from typing import Any
 
 from zerorun.config.suggest import did_you_mean
 from zerorun.errors import UsageError
+from zerorun.width import output_width, unwrap
 
 
 def spellings(flag: str) -> set[str]:
@@ -23,6 +24,22 @@ def spellings(flag: str) -> set[str]:
         return {flag}
     body = flag[2:]
     return {flag, "--" + body.replace("_", "-"), "--" + body.replace("-", "_")}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help laid out once, for the terminal's width or 100 columns off one
+    (zerorun.width): the description's paragraphs wrap, the examples' lines stay as written."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or output_width() - 2)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return "\n".join(line if line[:1].isspace() or not line else
+                         textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent)
+                         for line in unwrap(text).splitlines())
 
 
 class LauncherParser(argparse.ArgumentParser):

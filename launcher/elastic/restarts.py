@@ -23,6 +23,7 @@ from launcher.plan.launch_plan import LaunchPlan, new_job_id
 from launcher.plan.runners import NodeCommand
 from launcher.protocol import new_key
 from launcher.run.executor import Executor, RunResult
+from launcher.watch.hints import Hint
 from launcher.watch.report import Failure, format_report
 from launcher.watch.watcher import RunWatch
 
@@ -98,13 +99,14 @@ def run_with_restarts(
     err: TextIO | None = None,
     watch_for: Callable[[LaunchPlan], RunWatch] | None = None,
     before_restart: Callable[[RunResult, int], str | None] | None = None,
+    hints: tuple[Hint, ...] = (),
 ) -> RunResult:
     """Run attempt 0, and up to ``policy.max_restarts`` more after failures; the last result.
 
     ``plan_for(n)`` is the plan of attempt ``n`` (the caller may pick a new free port, or
     other nodes). ``before_restart(result, n)``, called before restart ``n``, returns a line
     to print after the restart note ("" for none), or None to give up (having said why):
-    launcher/elastic/supervisor.py picks the next members there.
+    launcher/elastic/supervisor.py picks the next members there. ``hints``: the launch's own, for the report.
     """
     err = err or sys.stderr
     restart = 0
@@ -115,7 +117,7 @@ def run_with_restarts(
         executor, result = run_watched(plan, commands_for(plan), watch_for, err)
         if result.failures:
             print(format_report(result.failures, plan.world_size, console=executor.once,
-                                logs_said=watch_for is not None), file=err, flush=True)
+                                logs_said=watch_for is not None, hints=hints), file=err, flush=True)
         if not result.failures or result.interrupted or restart >= policy.max_restarts:
             if result.failures and policy.max_restarts and not result.interrupted:
                 print(f"zerorun: giving up after {restart} restart(s) (--max_restarts {policy.max_restarts})",

@@ -55,7 +55,15 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "mem": lambda v: isinstance(v, dict) and len(v) <= 8 and all(_short(k, 32) and _int(x) for k, x in v.items()),
     "user": lambda v: isinstance(v, dict) and len(v) <= 8 and all(
         _short(k, 32) and (_num(x) or _short(x)) for k, x in v.items()),
+    "order": lambda v: isinstance(v, dict) and set(v) <= {"ring", "marks"} and _ints(v.get("ring"), 4, 64)
+    and _ints(v.get("marks"), 2, 8),
 }
+
+
+def _ints(v: Any, width: int, most: int) -> bool:
+    """A list of at most ``most`` lists of ``width`` non-negative ints (the order check's records)."""
+    return isinstance(v, list) and len(v) <= most and all(
+        isinstance(r, list) and len(r) == width and all(_int(x) for x in r) for r in v)
 
 
 def checked_beat(line: bytes) -> dict[str, Any] | None:

@@ -33,6 +33,8 @@ class RankStatus:
     steps: deque[tuple[int, float, float]] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     peak_rss: int = 0
     peak_device: int = 0
+    steps_run: int = 0
+    """Optimizer steps this launch ran (a resumed run's ``step`` is the global step, counted from before)."""
     _key: tuple[Any, ...] | None = None
 
     @property
@@ -97,6 +99,7 @@ class Board:
             status._key, status.last_progress_at, self.last_progress_at = key, now, now
         records = [(int(s), float(t), float(w)) for s, t, w in beat.get("steps") or []]
         status.steps.extend(records)
+        status.steps_run += len(records)
         mem = beat.get("mem") or {}
         status.peak_rss = max(status.peak_rss, int(mem.get("peak_rss") or mem.get("rss") or 0))
         status.peak_device = max(status.peak_device, int(mem.get("device_peak") or 0))
@@ -117,7 +120,13 @@ class Board:
         return bool(running) and all(s.steps or s.step > 0 for s in running)
 
     def step(self) -> int:
-        return min((s.step for s in self.alive()), default=max((s.step for s in self.ranks.values()), default=0))
+        """The furthest rank's step: ranks in lockstep differ only by when their last beat was sent
+        (up to an interval, tens of steps of a fast model), and the script logs the step it is at."""
+        return max((s.step for s in self.alive() or self.ranks.values()), default=0)
+
+    def steps_run(self) -> int:
+        """Steps this launch ran (the furthest rank's), not the global step of a resumed run."""
+        return max((s.steps_run for s in self.ranks.values()), default=0)
 
     def median_step_s(self, last: int = 20) -> float | None:
         medians = [m for s in self.ranks.values() if (m := s.median_step_s(last)) is not None]

@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.watch.hints import hint_for
+from launcher.watch.hints import Hint, hint_for
 from launcher.watch.once import OnceFilter, text_of
+from launcher.watch.raised import raised
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,14 @@ def _when(ts: float) -> str:
 
 
 def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10,
-                  console: OnceFilter | None = None, logs_said: bool = False) -> str:
+                  console: OnceFilter | None = None, logs_said: bool = False, hints: tuple[Hint, ...] = ()) -> str:
     """The summary printed at the end of a failed run (root cause = ``failures[0]``).
 
     ``console`` is what reached the console: a stderr tail printed there already is not
     repeated (each message once), the box points at it instead. ``logs_said``: the run
-    summary above already said the logs are on the console only."""
+    summary above already said the logs are on the console only. ``hints``: this launch's own
+    (launcher.watch.hints), before the fixed ones. A traceback in the tail is quoted by its
+    exception line and the frame that raised it (launcher.watch.raised)."""
     if not failures:
         return ""
     root = failures[0]
@@ -75,21 +78,30 @@ def format_report(failures: list[Failure], world_size: int, tail_lines: int = 10
     ]
     if root.log_path or not logs_said:
         lines.append(f"  logs      : {root.log_path or 'console only (pass --log_dir DIR for per-rank files)'}")
-    tail = root.stderr_tail[-tail_lines:]
-    if tail and console is not None and all(console.printed(text) for text in tail):
-        ranks = ", ".join(map(str, console.ranks(tail[-1]))) or "?"
-        lines.append(f"  error     : printed above (by rank(s) {ranks})")
-    elif tail:
-        lines.append(f"  last {len(tail)} lines of its stderr:")
-        lines += [f"    {text}" for text in tail]
-    else:
-        lines.append("  stderr    : (empty)")
-    hint = hint_for(root.stderr_tail)
+    lines += _error_lines(root.stderr_tail, tail_lines, console)
+    hint = hint_for(root.stderr_tail, hints)
     if hint:
         lines.append(f"  hint      : {hint}")
     lines += _others(failures, root)
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def _error_lines(stderr_tail: tuple[str, ...], tail_lines: int, console: OnceFilter | None) -> list[str]:
+    """The root's error: its exception line and where it was raised (when its tail holds a traceback),
+    and its last stderr lines unless they reached the console already (then: by which ranks)."""
+    tail = stderr_tail[-tail_lines:]
+    exception = raised(stderr_tail)
+    printed = bool(tail) and console is not None and all(console.printed(text) for text in tail)
+    ranks = (", ".join(map(str, console.ranks(tail[-1]))) or "?") if printed and console is not None else ""
+    lines = [] if exception is None else [f"  error     : {exception.line}"]
+    if exception is not None and exception.where:
+        lines.append(f"  raised at : {exception.where}" + (f" (traceback above, by rank(s) {ranks})" if printed else ""))
+    if printed:
+        return lines if exception is not None else [f"  error     : printed above (by rank(s) {ranks})"]
+    if not tail:
+        return [*lines, "  stderr    : (empty)"]
+    return [*lines, f"  last {len(tail)} lines of its stderr:", *(f"    {text}" for text in tail)]
 
 
 def _others(failures: list[Failure], root: Failure) -> list[str]:

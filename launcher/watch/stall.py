@@ -8,8 +8,12 @@ largest one::
 
     stalled: rank 2 (localhost) is in forward at train.py:41; ranks 0,1,3 wait in all_gather #18 (8192 fp32) at train.py:40
 
-The timeout (:class:`StallPolicy`): until every rank has finished its first step (set-up,
-loading, first-step compilation) the allowance is ``--setup_timeout``; after that
+The timeout (:class:`StallPolicy`): once a rank waits in a collective that a peer has not
+entered (not in any, or in another), ``--stall_timeout``, in any phase, set-up included: a
+rank that sleeps after ``initialize()`` while its peer waits in the first all-gather is
+named after the stall timeout, not after the set-up allowance. Otherwise, until every rank
+has finished its first step (set-up, loading, first-step compilation: every rank outside
+the collectives) the allowance is ``--setup_timeout``; after that
 ``--stall_timeout`` seconds, by default derived from the observed step times (20 times the
 median step, at least 60 s, at most 20 minutes: far below NCCL's 30-minute watchdog, far
 above a healthy step). A checkpoint's file I/O counts as progress (:mod:`launcher.watch.heartbeats`).
@@ -42,14 +46,32 @@ class StallPolicy:
 
     def limit(self, board: Board) -> float:
         alive = board.alive()
-        if not board.all_stepped() or any(s.phase == "exiting" for s in alive) or not any(s.waiting_in() for s in alive):
-            # no rank waits on a peer in the engine's collectives: set-up, exit, or the script's own work (an
-            # evaluation or generation on the bare module, a data load) that may outlast many steps
-            return max(self.setup_s, self.timeout_s or 0.0)
+        allowance = max(self.setup_s, self.timeout_s or 0.0)
+        if any(s.phase == "exiting" for s in alive):
+            return allowance
+        if peer_missing(alive):  # a rank waits on a peer that is not in its collective: a stall in any phase
+            return self.stall_s(board)
+        if not board.all_stepped() or not any(s.waiting_in() for s in alive):
+            # every rank outside the engine's collectives: set-up (loading, compiling), or the script's own
+            # work (an evaluation or generation on the bare module, a data load) that may outlast many steps
+            return allowance
+        return self.stall_s(board)
+
+    def stall_s(self, board: Board) -> float:
+        """``--stall_timeout``, or auto: 20x the median step (the floor before any step)."""
         if self.timeout_s is not None:
             return self.timeout_s
         step = board.median_step_s(last=50) or 0.0
         return min(AUTO_CAP_S, max(AUTO_FLOOR_S, AUTO_FACTOR * step))
+
+
+def peer_missing(alive: list[RankStatus]) -> bool:
+    """Whether some rank waits in a collective that another live rank is not in (not in any, or in another).
+
+    Ranks all in the same collective wait on the network or on a peer outside the job; ranks all
+    outside collectives are loading or compiling: the set-up allowance is for those only."""
+    waits = [s.waiting_in() for s in alive]
+    return any(w is not None for w in waits) and len({None if w is None else w[0] for w in waits}) > 1
 
 
 @dataclass(frozen=True)

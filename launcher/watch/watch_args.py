@@ -23,7 +23,8 @@ def add_watch_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--setup_timeout", type=float, default=DEFAULT_SETUP_S, metavar="S",
                        help="the same allowance until every rank has finished its first step (set-up, "
                             "first-step compilation), while a rank exits, and while no rank waits in a collective "
-                            f"of the engine (the script's own work; default {DEFAULT_SETUP_S:.0f})")
+                            f"of the engine (the script's own work; default {DEFAULT_SETUP_S:.0f}); never while a rank "
+                            "waits in a collective a peer has not entered (then --stall_timeout, in any phase)")
     group.add_argument("--on_stall", choices=["stop", "report"], default="stop",
                        help=f"after a stall verdict: stop every rank, exit status {STALL_EXIT} (default), or report "
                             "and keep waiting")

@@ -21,6 +21,7 @@ from launcher.plan.runners import NodeCommand, PayloadMode
 from launcher.protocol import Command
 from launcher.watch.heartbeats import Board
 from launcher.watch.liveview import LiveView
+from launcher.watch.order import ORDER_EXIT, OrderWatch
 from launcher.watch.stall import STALL_EXIT, StallPolicy, Verdict, place_of, stacks_text, verdict
 from launcher.watch.stragglers import DEFAULT_FACTOR, DEFAULT_STEPS, StragglerTracker, describe
 from launcher.watch.summary import summary
@@ -82,6 +83,7 @@ class RunWatch:
         self.stacks_deadline = 0.0
         self.reported_progress_at: float | None = None
         self.verdicts: list[Verdict] = []
+        self.order = OrderWatch()
 
     def begin(self) -> None:
         self.view.start(self.board, set())
@@ -112,6 +114,7 @@ class RunWatch:
             return
         if kind == "heartbeat" and isinstance(event.get("beat"), dict):
             records = self.board.on_beat(status.rank, dict(event.get("beat")), now)
+            self.order.take(status.rank, self.board.ranks[status.rank].beat or {})
             for s in self.tracker.add(status.rank, status.host, records):
                 self.view.note(f"zerorun: {describe(s)}")
         elif kind == "stacks" and self.stacks is not None:
@@ -124,6 +127,13 @@ class RunWatch:
         now = time.time()
         self.view.update(self.board, set(self.tracker.current()), now)
         if self.exit_code is not None or executor.stopping_since is not None:
+            return
+        if (differs := self.order.mismatch(self.board)) is not None:  # launcher.watch.order
+            self.view.note(f"zerorun: collective order differs between ranks: {differs}")
+            self.view.note(f"zerorun: stopping every rank (exit status {ORDER_EXIT}): the collectives paired wrong "
+                           "buffers; look for a branch on rank-dependent data before that point")
+            self.exit_code = ORDER_EXIT
+            executor.stop_all()
             return
         if self.stacks is not None:
             if len(self.stacks) >= len(self.board.alive()) or time.monotonic() > self.stacks_deadline:

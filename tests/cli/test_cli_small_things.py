@@ -43,7 +43,7 @@ def test_keys_without_effect_warn_once_naming_the_key(tmp_path: Path) -> None:
 
 def test_gpu_memory_units() -> None:
     assert parse_gpu_memory("80") == parse_gpu_memory("80G") == parse_gpu_memory("80GiB") == 80 * GiB
-    assert parse_gpu_memory("80GB") == 80 * 10**9
+    assert parse_gpu_memory("80GB") == 80 * GiB  # the label of an "80 GB" card: 80 GiB (zerorun.estimate.cards)
     for impossible in ("80B", "0", "100TiB"):
         with pytest.raises(CountError, match="not the memory of one GPU"):
             parse_gpu_memory(impossible)

@@ -32,7 +32,7 @@ def test_json_schema_and_the_card_example(capsys: pytest.CaptureFixture[str]) ->
         assert all(isinstance(v, int) for v in row["per_gpu_bytes"].values())
         assert isinstance(row["fits"], bool)
         assert (row["per_gpu_bytes"]["total"] <= data["usable_bytes"]) == row["fits"]
-    assert data["usable_bytes"] == int(80 * 10**9 * (1 - data["fit_headroom"]))
+    assert data["usable_bytes"] == int(80 * 2**30 * (1 - data["fit_headroom"]))  # an "80 GB" card: 80 GiB
     plain = {r["stage"]: r["model_states_bytes"] for r in data["rows"] if r["offload_optimizer"] == "none"}
     assert plain == {0: 224 * 10**9, 1: 77 * 10**9, 2: 56 * 10**9, 3: 31_500_000_000}  # the engine's layout
     paper = data["paper_reference"]["model_states_bytes"]
@@ -153,7 +153,7 @@ def test_activation_assumptions_are_shown_and_follow_the_model(tmp_path, capsys:
 def test_a_bare_gpu_memory_is_gib(capsys: pytest.CaptureFixture[str]) -> None:
     assert _json(capsys, "--params", "1B", "--gpu-memory", "80")["gpu_memory_bytes"] == 80 * 2**30
     assert _json(capsys, "--params", "1B", "--gpu-memory", "80G")["gpu_memory_bytes"] == 80 * 2**30
-    assert _json(capsys, "--params", "1B", "--gpu-memory", "80GB")["gpu_memory_bytes"] == 80 * 10**9
+    assert _json(capsys, "--params", "1B", "--gpu-memory", "80GB")["gpu_memory_bytes"] == 80 * 2**30  # the label's GB
 
 
 @pytest.mark.parametrize("extra", [[], ["--fp32-grad-accum"], ["--offload-optimizer", "nvme", "--offload-param", "nvme"]])

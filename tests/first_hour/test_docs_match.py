@@ -22,7 +22,7 @@ TEMPLATES = sorted((ROOT / "templates").glob("*.yaml"))
 
 
 def test_the_readme_estimate_figure_is_the_tools() -> None:
-    gpu = 80 * 10**9
+    gpu = 80 * 2**30  # --gpu-memory 80GB: an "80 GB" card's 80 GiB (zerorun.estimate.cards)
     est = estimate(EstimateRequest(Training(14 * 10**9, 8, Dtype.BF16, Optimizer.ADAM), 8, gpu_memory=gpu))
     row = est.recommendation.row
     assert row is not None

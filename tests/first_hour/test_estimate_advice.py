@@ -32,5 +32,5 @@ def test_nothing_fits_names_the_levers_in_order_of_effect(capsys: pytest.Capture
 
 def test_a_recommendation_ends_with_the_command_that_writes_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--params", "14B", "--gpus", "8", "--gpu-memory", "80GB"]) == 0
-    want = "next: zerorun print-config --stage 2 --dtype bf16 --optimizer adam --masters fp32 --micro-batch 1 -o ds_config.yaml"
+    want = "next: zerorun print-config --stage 1 --dtype bf16 --optimizer adam --masters fp32 --micro-batch 1 -o ds_config.yaml"
     assert want in capsys.readouterr().out

@@ -45,7 +45,8 @@ def test_a_config_error_every_rank_raises_is_shown_once(tmp_path: Path) -> None:
 def test_a_rank_crash_shows_its_traceback_once_and_the_lost_peer_in_one_line(tmp_path: Path) -> None:
     rc, text = _launch("crash.py", tmp_path)
     assert rc == 1, text
-    assert text.count("RuntimeError: boom: rank 1's own bug") == 1, text  # the report does not repeat it
+    assert text.count("RuntimeError: boom: rank 1's own bug") == 2, text  # its traceback, and the box quotes it
+    assert "  error     : RuntimeError: boom: rank 1's own bug\n  raised at : " in text, text
     assert text.count("Traceback") == 1, text  # the user's own error keeps its frames; PeerLost has none
     assert "rank  : 1 of 2" in text.replace("rank      :", "rank  :"), text
     assert len(text.splitlines()) < 25, text

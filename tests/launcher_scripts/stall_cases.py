@@ -3,6 +3,8 @@
 --skip_rank R    rank R skips its backward at step 3 (a data-dependent branch): its peers wait
                  in that backward's reduce-scatter, rank R in the step's all-reduce
 --spin_rank R    rank R spins in a loop of its own at step 3 (SPIN_LINE below)
+--sleep_rank R   rank R sleeps --sleep_s after initialize(), before its first step (SLEEP_LINE):
+                 its peers wait in the first step's reduce-scatter, during set-up
 otherwise        a slow first step (--first_step_s), a straggler (--slow_rank sleeps
                  --slow_s every step) and a slow checkpoint save on rank 0 (--save_s: its
                  peers wait for it in the save's closing collective), then success
@@ -22,6 +24,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--local_rank", type=int)
 p.add_argument("--skip_rank", type=int, default=-1)
 p.add_argument("--spin_rank", type=int, default=-1)
+p.add_argument("--sleep_rank", type=int, default=-1)
+p.add_argument("--sleep_s", type=float, default=0.0)
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--first_step_s", type=float, default=0.0)
 p.add_argument("--slow_rank", type=int, default=-1)
@@ -56,6 +60,8 @@ model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
 config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
           "zero_optimization": {"stage": 2}}
 engine, *_ = zerorun.initialize(model=model, config=config)
+if rank == args.sleep_rank:
+    time.sleep(args.sleep_s)  # SLEEP_LINE
 for step in range(args.steps):
     if step == 0 and args.first_step_s:
         time.sleep(args.first_step_s)  # first-step compilation, as far as the launcher can tell

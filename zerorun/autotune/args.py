@@ -69,7 +69,8 @@ def build_autotune_parser() -> argparse.ArgumentParser:
                    help="maximise samples/s, or minimise peak memory (default throughput)")
     a.add_argument("--hidden-size", type=int, help="the model's hidden size (default: learned from the baseline trial)")
     a.add_argument("--params", help="parameter count for the memory pruning, e.g. 1.3B (default: from the baseline)")
-    a.add_argument("--gpu-memory", help="memory per GPU for the pruning, e.g. 80GiB (default: the local GPUs')")
+    a.add_argument("--gpu-memory", help="memory per GPU for the pruning: a card (h100, a100-80, 4090, ...) or its label's size, "
+                                         "80GB = 80 GiB (default: the local GPUs')")
     a.add_argument("--tune-micro-batch", action="store_true", help="also tune the micro batch (global batch kept)")
     a.add_argument("--knobs", help="comma-separated knobs to tune (default: every knob of the stage)")
     a.add_argument("--grid-points", type=int, default=2, help="coarse values each side of the centre (default 2)")

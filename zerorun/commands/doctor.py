@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from zerorun.commands.console import console
 from zerorun.commands.options import Json
 
 if TYPE_CHECKING:  # the launcher is imported when the command runs, not when the CLI starts
@@ -32,7 +33,10 @@ Hostfile = Annotated[str | None, typer.Option("--hostfile", "-H", help="DeepSpee
 Include = Annotated[str | None, typer.Option("--include", "-i", help="Only these hosts/slots, e.g. 'w1@w2:0,1'.")]
 Exclude = Annotated[str | None, typer.Option("--exclude", "-e", help="Drop these hosts/slots, e.g. 'w2'.")]
 MasterAddr = Annotated[str | None, typer.Option("--master-addr", help="Rank 0's address (default: as the launch picks).")]
-MasterPort = Annotated[str, typer.Option("--master-port", help="Rank 0's store port, or `auto`.")]
+MasterPort = Annotated[str | None, typer.Option(
+    "--master-port", help="Rank 0's store port, or `auto` (default: as the launch picks: 29500, or a free one here).")]
+Gpus = Annotated[int | None, typer.Option("--gpus", min=1, help="Ranks per node (the launcher's --num_gpus).")]
+NumNodes = Annotated[int | None, typer.Option("--nodes", min=1, help="Use the first N hosts (--num_nodes).")]
 Launcher = Annotated[str | None, typer.Option("--launcher", help="local, ssh, pdsh, slurm or openmpi (default: as the launch picks).")]
 SshPort = Annotated[int | None, typer.Option("--ssh-port", help="ssh port on every host.")]
 SshArgs = Annotated[str | None, typer.Option("--ssh-args", help="Extra ssh arguments, one quoted string.")]
@@ -45,11 +49,13 @@ Collective = Annotated[bool | None, typer.Option(
 
 
 def launcher_argv(hostfile: str | None, include: str | None, exclude: str | None, master_addr: str | None,
-                  master_port: str, launcher: str | None, ssh_port: int | None, ssh_args: str | None,
-                  env: list[str], config: str | None = None) -> list[str]:
+                  master_port: str | None, launcher: str | None, ssh_port: int | None, ssh_args: str | None,
+                  env: list[str], config: str | None = None, gpus: int | None = None,
+                  nodes: int | None = None) -> list[str]:
     """The launcher's own flags for these options, so the plan is the one a launch would make."""
-    argv = ["--master_port", master_port]
-    for flag, value in (("--hostfile", hostfile), ("--include", include), ("--exclude", exclude), ("--config", config),
+    argv: list[str] = []
+    for flag, value in (("--master_port", master_port), ("--num_gpus", None if gpus is None else str(gpus)),
+                        ("--num_nodes", None if nodes is None else str(nodes)), ("--hostfile", hostfile), ("--include", include), ("--exclude", exclude), ("--config", config),
                         ("--master_addr", master_addr), ("--launcher", launcher),
                         ("--ssh_port", None if ssh_port is None else str(ssh_port)), ("--ssh_args", ssh_args)):
         if value is not None:
@@ -87,7 +93,7 @@ def run_doctor(argv: list[str], collective: bool | None = False, save_dir: str |
     ns = parse_args(argv)
     nodes, local = resolve_nodes(ns)
     kind = choose_runner(ns, nodes, local)
-    plan, config = make_plan(ns, nodes, local)
+    plan, config = make_plan(ns, nodes, local, check_port=False)  # a taken port is a finding here
     report = check_hosts(plan, kind, ssh_options(ns), paths=written_paths(config, save_dir, plan.cwd, plan.world_size))
     if not (collective or (collective is None and len(plan.nodes) > 1)):
         return report
@@ -187,9 +193,9 @@ def show_collective(c: CollectiveReport, console: Console) -> None:
 
 def command(
     hostfile: Hostfile = None, include: Include = None, exclude: Exclude = None, master_addr: MasterAddr = None,
-    master_port: MasterPort = "29500", launcher: Launcher = None, ssh_port: SshPort = None, ssh_args: SshArgs = None,
+    master_port: MasterPort = None, launcher: Launcher = None, ssh_port: SshPort = None, ssh_args: SshArgs = None,
     env: Env = None, config: Config = None, save_dir: SaveDir = None, collective: Collective = None,
-    as_json: Json = False,
+    as_json: Json = False, gpus: Gpus = None, nodes: NumNodes = None,
 ) -> int:
     """Check every host a launch would use: versions, GPUs, limits, clocks, the route and port to the master,
     then (several nodes, or --collective) a real all-reduce over every rank and the node-pair link matrix.
@@ -201,10 +207,10 @@ def command(
       zerorun doctor -H hostfiles/two-nodes --json
     """
     report = run_doctor(launcher_argv(hostfile, include, exclude, master_addr, master_port, launcher,
-                                      ssh_port, ssh_args, env or [], config), collective, save_dir)
+                                      ssh_port, ssh_args, env or [], config, gpus, nodes), collective, save_dir)
     if as_json:
         data: dict[str, Any] = report.to_dict()
         print(json.dumps(data, indent=2))
     else:
-        show(report, Console())
+        show(report, console())
     raise typer.Exit(0 if report.ok else 1)

@@ -26,6 +26,7 @@ from zerorun.estimate import (
     shape_from_hf_config,
 )
 from zerorun.estimate.buffers import Buckets, window_policy
+from zerorun.estimate.cards import gpu_memory_note
 from zerorun.estimate.counts import gib
 from zerorun.estimate.from_config import config_facts
 from zerorun.estimate.gpu import local_gpus
@@ -120,7 +121,8 @@ def command(
         help="Describe DeepSpeed's layout instead: 16-bit gradients plus an fp32 copy (its 18 B/param).")] = False,
     overhead: Annotated[str, typer.Option(help="CUDA context, cuBLAS, NCCL and allocator slack per GPU.")] = "1.5GiB",
     gpu_memory: Annotated[str | None, typer.Option(
-        help="Memory per GPU: 80GB, 80GiB, 80G; a bare number is GiB \\[default: NVML].")] = None,
+        help="Memory per GPU: a card (3090, 4090, a100-40, a100-80, h100, h200, l40s, mi300x) or its label's "
+             "size: 80GB = 80G = 80 = 80 GiB, as cards are labelled \\[default: NVML].")] = None,
     as_json: Json = False,
     plot: Annotated[Path | None, typer.Option(help="Also write the chart to FILE.png or FILE.svg.")] = None,
     measure: Measure = None,
@@ -163,6 +165,8 @@ def command(
         notes.append("no GPU memory known (no --gpu-memory, no local GPU): 'fits' is unknown")
     elif gpu_memory is None:
         notes.append(f"GPU memory read from the local GPUs through NVML: {gib(memory):.1f} GiB")
+    else:
+        notes.append(gpu_memory_note(gpu_memory, memory))
     if shape is None:
         notes.append("stage 3 gathers whole blocks; without the shape only the prefetch bucket is counted")
     request = EstimateRequest(

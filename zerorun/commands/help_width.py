@@ -16,6 +16,8 @@ from typing import Any
 
 from typer.core import TyperCommand
 
+from zerorun.width import output_width, unwrap
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -29,6 +31,7 @@ def _captured_consoles() -> Iterator[list[Any]]:
 
     def capturing(*args: Any, **kwargs: Any) -> Any:
         console = original(*args, **kwargs)
+        console.width = output_width(console.file)  # off a terminal: 100 columns, not rich's 80
         console.begin_capture()
         made.append(console)
         return console
@@ -46,9 +49,18 @@ def _names(command: TyperCommand) -> list[str]:
 
 
 class WholeOptionsCommand(TyperCommand):
-    """A typer command whose ``--help`` keeps every option's name whole at the terminal's width."""
+    """A typer command whose ``--help`` keeps every option's name whole at the terminal's width
+    (100 columns off a terminal), its docstring's paragraphs wrapped once."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
+        written, self.help = self.help, unwrap(self.help or "")  # rich keeps a docstring's line breaks: wrap once
+        try:
+            self._format_help(ctx, formatter)
+        finally:
+            self.help = written
+
+    def _format_help(self, ctx: Any, formatter: Any) -> None:
+        formatter.width = max(output_width() - 2, 50)
         if self.rich_markup_mode is None:
             super().format_help(ctx, formatter)
             return

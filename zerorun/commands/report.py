@@ -152,6 +152,8 @@ def _print(report: Report) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from zerorun.commands.console import console as make_console
+
     yes = lambda ok: "[green]yes[/]" if ok else "[red]no[/]"  # noqa: E731
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
@@ -176,7 +178,7 @@ def _print(report: Report) -> None:
     ]
     for key, value in rows:
         table.add_row(key, value)
-    console = Console(highlight=False)
+    console = make_console()
     console.print(table)
     for warning in report.warnings:
         Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {warning}")

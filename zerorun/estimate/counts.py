@@ -66,16 +66,26 @@ GPU_MEMORY_RANGE = (2**26, 2**46)
 
 
 def parse_gpu_memory(text: str, flag: str = "--gpu-memory") -> int:
-    """Memory per GPU: ``80GB``, ``80GiB``, ``80G`` (binary); a bare number is GiB, as GPUs are sold.
+    """Memory per GPU as users type it (zerorun.estimate.cards): a card (``h100``: the driver's total),
+    or its label's size: ``80GB``, ``80G``, ``80GiB`` and a bare ``80`` are all 80 GiB, as GPUs are sold.
 
     A value outside ``GPU_MEMORY_RANGE`` is an error, not a chart of absurd numbers.
     """
+    from zerorun.estimate.cards import card_memory, label_unit, names
+
+    card = card_memory(str(text))
+    if card is not None:
+        return card[1]
     bare = _COUNT_RE.match(str(text))
-    value = parse_bytes(f"{text}GiB" if bare and not bare.group(2) else text)
+    try:
+        value = parse_bytes(f"{text}GiB" if bare and not bare.group(2) else label_unit(str(text)))
+    except CountError as e:
+        raise CountError(f"{flag} {text!r}: {e.message}", hint=f"a card ({names()}) or its memory: 80GB "
+                         "(the label's GB, = GiB), 24, 81559MiB") from e
     lo, hi = GPU_MEMORY_RANGE
     if not lo <= value <= hi:
         raise CountError(f"{flag} {text!r} is {value / GiB:.3g} GiB, not the memory of one GPU",
-                         hint=f"give the memory of one GPU, e.g. {flag} 80GB or {flag} 24 (GiB)")
+                         hint=f"give the memory of one GPU, e.g. {flag} 80GB, {flag} 24 (GiB) or {flag} h100")
     return value
 
 

@@ -83,6 +83,9 @@ def beat(progress: Progress, stacks: bool) -> dict[str, object]:
         "samples_per_step": progress.samples_per_step, "tokens_per_sample": progress.tokens_per_sample,
         "user": dict(list(progress.user.items())[:8]),
     }
+    if progress.order_ring:  # the order check's records (launcher.watch.order compares them)
+        out["order"] = {"ring": [list(r) for r in list(progress.order_ring)],
+                        "marks": [list(m) for m in sorted(set(list(progress.fingerprints.values())))]}
     if stacks:
         out["stacks"] = "signal"
     return out

@@ -10,7 +10,9 @@ GIL; the reader takes a consistent-enough copy (a beat is a sample, not a transa
 
 from __future__ import annotations
 
+import os
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +20,28 @@ from dataclasses import dataclass, field
 
 STEP_HISTORY = 256
 """Step records kept between two beats (a beat drains them): bounded, so a stalled reader costs nothing."""
+
+
+ORDER_RING = 16
+"""Collectives each rank keeps for the launcher's order check (the last ones issued)."""
+ORDER_LEVELS = (8, 64, 512, 4096, 32768)
+"""Sequence numbers whose running fingerprint is kept: the latest multiple of each (ranks that
+beat at different moments still report some of the same ones)."""
+ORDER_ENV = "ZERORUN_ORDER_RING"
+_MASK = (1 << 62) - 1
+_PRIME = 0x100000001B3
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_true", "all_gather_object")
+DTYPES = ("fp32", "fp16", "bf16", "fp64", "int64", "int32", "uint8", "int8", "bool")
+_CODES: dict[str, int] = {name: i for i, name in enumerate((*KINDS, *DTYPES), 1)}
+
+
+def name_code(name: str) -> int:
+    """A small code for a collective's kind or dtype, the same in every process (no hash seed):
+    the known names by their place, another name by a checksum (128-255)."""
+    code = _CODES.get(name)
+    if code is None:
+        code = _CODES[name] = 128 + zlib.crc32(name.encode()) % 128
+    return code
 
 
 class Phase:
@@ -66,6 +90,14 @@ class Progress:
     """The counters of the last ``zerorun.progress(...)`` call."""
     beats: int = 0
     """Progress marks from ``zerorun.progress``: each call is progress, even with nothing else new."""
+    record_order: bool = field(default_factory=lambda: os.environ.get(ORDER_ENV, "1").strip() != "0")
+    """Keep the collectives' ring and fingerprints for the launcher's order check (``ZERORUN_ORDER_RING=0``: off)."""
+    order_ring: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=ORDER_RING))
+    """``(seq, kind code, elements, dtype code)`` of the last collectives issued."""
+    fingerprint: int = 0
+    """A running fingerprint of every collective issued, in order."""
+    fingerprints: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Level -> ``(seq, fingerprint)`` at the latest seq that is a multiple of the level (``ORDER_LEVELS``)."""
     _step_started: float = field(default_factory=time.perf_counter)
     _wait_at_step: float = 0.0
 
@@ -92,6 +124,21 @@ class Progress:
         self.steps.append((step, now - self._step_started, self.wait_s - self._wait_at_step))
         self._step_started, self._wait_at_step = now, self.wait_s
         self.step = step
+
+    def note_issue(self, seq: int, kind: str, numel: int, dtype: str) -> None:
+        """Record collective ``seq`` for the order check: a ring append and a multiply, no communication
+        (the launcher compares the ranks' records lazily, from their heartbeats, as torch's flight
+        recorder is read after the fact)."""
+        if not self.record_order:
+            return
+        entry = (seq, name_code(kind), numel, name_code(dtype))
+        self.order_ring.append(entry)
+        self.fingerprint = ((self.fingerprint * _PRIME) ^ (entry[1] << 54 ^ entry[3] << 46 ^ numel)) & _MASK
+        if not seq & 7:
+            for level in ORDER_LEVELS:
+                if seq % level:
+                    break
+                self.fingerprints[level] = (seq, self.fingerprint)
 
     def drain_steps(self) -> list[tuple[int, float, float]]:
         out = []

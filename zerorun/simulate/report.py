@@ -79,6 +79,11 @@ def _memory_lines(result: SimResult, comparison: Comparison) -> list[str]:
     staging = comparison.buffers.get("reduce_staging", 0)
     lines.append(f"  {'buffers (reduce staging)':<28}{human_bytes(result.memory['buffers']):>14}"
                  f"{human_bytes(staging):>14}")
+    lines += ["  (buffers differ by design: simulated, every staging buffer the engine",
+              "   holds after its steps, up to 4 of its largest bucket's padded size as",
+              "   backward runs ahead of the reductions, and stage 3's coalescing group;",
+              "   estimate, the steady state: one reduce_bucket_size buffer, two with",
+              "   overlap_comm)"]
     lines.append(f"  {'params when forward ends':<28}{human_bytes(result.forward_params):>14}")
     if result.stage == 3 and result.kept_numel is not None:
         window = comparison.window

@@ -33,6 +33,7 @@ def issue(kind: str, numel: int, dtype: torch.dtype, label: str | None = None) -
     PROGRESS.label = label
     record = (PROGRESS.seq, kind, numel, dtype_name(dtype))
     PROGRESS.issued = record
+    PROGRESS.note_issue(*record)  # the launcher's order check (zerorun.heartbeat.state)
     return record
 
 
