@@ -76,6 +76,7 @@ SAMPLES = {  # a valid non-default value where the default is None or the type i
     "amp.verbosity": 2, "amp.opt_level": "O2", "flops_profiler.output_file": "profile.txt",
     "checkpoint.tag_validation": "Fail", "torch_autocast.lower_precision_safe_modules": ["torch.nn.Linear"],
     "zero_optimization.offload_param.max_in_cpu": 7, "zero_optimization.offload_param.buffer_size": 7,
+    "checkpoint.writer.data_parallel": "machine",
 }
 
 

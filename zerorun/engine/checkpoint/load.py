@@ -194,6 +194,9 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
     Every file loads as data only; ``trust_checkpoint=True`` lets files the user vouches for
     name any global (a ``client_state`` holding the script's own classes needs it).
     """
+    from zerorun.engine.checkpoint.decoupled import settle
+
+    settle(engine)  # a decoupled save still being written is committed (or has failed, raised here) first
     if tag is None and not (Path(load_dir) / LATEST).is_file():
         return nothing_to_resume(Path(load_dir))
     path = resolve(Path(load_dir), tag)

@@ -115,14 +115,22 @@ def write_recovery_script(root: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
-    """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
+def build_manifest(engine: Engine) -> Manifest:
+    """The manifest of a checkpoint of ``engine`` as it is now (pure data)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
     frozen = [n for n, _ in engine.module.named_parameters() if n not in stored]
-    manifest = Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
-                        zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
-                        aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
+    return Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
+                    zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
+                    aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
+
+
+def _commit(engine: Engine, root: Path, tag: str, save_latest: bool) -> None:
+    commit_staged(root, tag, build_manifest(engine), save_latest)
+
+
+def commit_staged(root: Path, tag: str, manifest: Manifest, save_latest: bool) -> None:
+    """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
     staging, final, old = staging_dir(root, tag), root / tag, previous_dir(root, tag)
     atomic.write_text(staging / MANIFEST, manifest.to_json())
     write_recovery_script(root)
@@ -141,6 +149,10 @@ def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str |
     if not save_dir:
         raise CheckpointArgumentError(f"save_dir must be a non-empty string, got {save_dir!r}",
                                       "pass the directory that holds the checkpoints, e.g. 'checkpoints'")
+    if engine.config.checkpoint.writer.decoupled or engine.config.checkpoint.writer.type == "MOCK":
+        from zerorun.engine.checkpoint.decoupled import save_decoupled  # checkpoint.writer (DeepSpeed's keys)
+
+        return save_decoupled(engine, Path(save_dir), tag, client_state, save_latest)
     root = Path(save_dir)
     rank = engine.ctx.rank
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
@@ -178,10 +190,11 @@ def save_checkpoint(engine: Engine, save_dir: str | os.PathLike[str], tag: str |
     return root / tag
 
 
-def sweep_staging(root: Path) -> list[Path]:
+def sweep_staging(root: Path, keep: frozenset[Path] = frozenset()) -> list[Path]:
     """Remove every ``.TAG.saving`` folder under ``root`` (rank 0, before a save): a staging folder outlives
-    only a save that crashed or failed, and a full disk stays full while it is there."""
-    swept = [d for d in root.glob(".*.saving") if d.is_dir() and not d.is_symlink()]
+    only a save that crashed or failed, and a full disk stays full while it is there. ``keep``: the ones a
+    background writer is still filling."""
+    swept = [d for d in root.glob(".*.saving") if d.is_dir() and not d.is_symlink() and d not in keep]
     for d in swept:
         shutil.rmtree(d, ignore_errors=True)
     return swept
