@@ -21,7 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.checkpoint import ds_files, ds_format, ds_load, layout, reshard, safe_load, state
+from zerorun.engine.checkpoint import (
+    dcp_format,
+    dcp_load,
+    ds_files,
+    ds_format,
+    ds_load,
+    layout,
+    reshard,
+    safe_load,
+    state,
+)
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import (
     EXTRA,
@@ -197,6 +207,9 @@ def load_checkpoint(engine: Engine, load_dir: str | os.PathLike[str], tag: str |
     from zerorun.engine.checkpoint.decoupled import settle
 
     settle(engine)  # a decoupled save still being written is committed (or has failed, raised here) first
+    dcp_dir = Path(load_dir) if tag is None else Path(load_dir) / str(tag)
+    if dcp_format.is_dcp(dcp_dir) and (tag is None or tag_inside(Path(load_dir), str(tag), "tag=")):
+        return dcp_load.load_dcp(engine, dcp_dir, load_module_only, strict, trust_checkpoint)
     if tag is None and not (Path(load_dir) / LATEST).is_file():
         return nothing_to_resume(Path(load_dir))
     path = resolve(Path(load_dir), tag)
