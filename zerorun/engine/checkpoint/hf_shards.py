@@ -9,17 +9,23 @@ Nothing holds the model: a safetensors file is a JSON header (every tensor's dty
 and byte range) and then the raw bytes, and the manifest gives every shape before any
 byte is read, so each shard's header is written first and each tensor is assembled
 from the rank files' chunks, cast, written and dropped. The rank files are opened with
-``torch.load(mmap=True, weights_only=True)`` (data only) and re-opened once the pages
-read from them pass ``max_shard_size``, so the pages a run has touched never add up to
-the model. Peak memory: about one shard's worth of source pages plus the largest tensor
-(measured in bench/checkpoint.py and tests/engine/checkpoint/test_convert_hf.py).
+``torch.load(mmap=True, weights_only=True)`` (data only); the pages a tensor was read from
+are dropped from the process once it is copied (``madvise``), and the files are re-opened
+once ``max_shard_size`` bytes were read from them (where there is no ``madvise``), so the
+pages a run has touched never add up to the model. Peak memory over the process's start:
+the largest tensor (its fp32 copy and its cast) plus a fixed few MB of first-use
+allocations, whatever the model's size (bench/convert_memory.py, test_convert_memory.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import gc
 import json
 import math
+import mmap
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -132,6 +138,22 @@ class RankFiles:
             gc.collect()
 
 
+_PAGE = mmap.PAGESIZE
+_LIBC = None
+with contextlib.suppress(OSError, TypeError):
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def drop_pages(t: torch.Tensor) -> None:
+    """Drop the pages of the memory-mapped ``t`` from this process (``madvise(MADV_DONTNEED)``: clean,
+    private, file-backed pages, re-read from the file if touched again); a no-op where libc has no madvise."""
+    if _LIBC is None or not hasattr(_LIBC, "madvise") or t.numel() == 0:
+        return
+    lo = t.data_ptr() // _PAGE * _PAGE
+    hi = -(-(t.data_ptr() + t.numel() * t.element_size()) // _PAGE) * _PAGE
+    _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # 4: MADV_DONTNEED
+
+
 def _param_maker(files: RankFiles, bucket: int, chunk_numel: int, offset: int, numel: int,
                  shape: tuple[int, ...]) -> Callable[[], torch.Tensor]:
     def make() -> torch.Tensor:
@@ -139,7 +161,9 @@ def _param_maker(files: RankFiles, bucket: int, chunk_numel: int, offset: int, n
         for r in range(offset // chunk_numel, (offset + numel - 1) // chunk_numel + 1 if numel else 0):
             lo, hi = max(offset, r * chunk_numel), min(offset + numel, (r + 1) * chunk_numel)
             src = files.chunk(r, bucket)
-            out.narrow(0, lo - offset, hi - lo).copy_(src.narrow(0, lo - r * chunk_numel, hi - lo))
+            piece = src.narrow(0, lo - r * chunk_numel, hi - lo)
+            out.narrow(0, lo - offset, hi - lo).copy_(piece)
+            drop_pages(piece)
             files.read((hi - lo) * src.element_size())
         return out.view(shape)
 
