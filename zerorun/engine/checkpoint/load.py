@@ -1,7 +1,9 @@
 """``engine.load_checkpoint``: validate the manifest against the model, then fill the owned ranges.
 
 A DeepSpeed ZeRO tag directory loads the same way: ``ds_load`` presents it as a zerorun
-checkpoint saved at world size 1 (the format is told by the files present).
+checkpoint saved at world size 1 (the format is told by the files present). A
+``torch.distributed.checkpoint`` directory (``.metadata``) loads its module weights through
+``dcp_load``. A decoupled save still being written is waited for first (``decoupled.settle``).
 
 Each rank computes (``reshard.plan_copies``) which saved chunks overlap its owned
 ranges under the *current* world size and stage, reads only those rank files, copies the

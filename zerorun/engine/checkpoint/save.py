@@ -82,8 +82,14 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
     return None
 
 
-def rank_payload(engine: Engine) -> dict[str, Any]:
-    """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
+def host_clone(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().clone()
+
+
+def rank_payload(engine: Engine, host_copy: Callable[[torch.Tensor], torch.Tensor] = host_clone) -> dict[str, Any]:
+    """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state.
+
+    ``host_copy`` makes each chunk's host copy (a decoupled save copies into reused buffers)."""
     parts = engine.parts
     world, rank, _ = layout.saved_world(engine)
     owned = layout.owned_parts(engine)
@@ -95,9 +101,9 @@ def rank_payload(engine: Engine) -> dict[str, Any]:
             opt_state: dict[str, Any] = {}
             for k, v in engine.optimizer.state.get(m, {}).items():
                 is_chunk = torch.is_tensor(v) and v.numel() == m.numel() and v.numel() > 1
-                opt_state[k] = (layout.chunk_of(v, padded, owned, world, rank).cpu().clone() if is_chunk
+                opt_state[k] = (host_copy(layout.chunk_of(v, padded, owned, world, rank)) if is_chunk
                                 else (v.cpu().clone() if torch.is_tensor(v) else v))
-            buckets.append({"master": chunk.float().cpu().clone(), "state": opt_state})
+            buckets.append({"master": host_copy(chunk.float()), "state": opt_state})
     return {"rank": rank, "buckets": buckets, "engine": state.capture(engine)}
 
 

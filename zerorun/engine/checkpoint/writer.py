@@ -7,7 +7,9 @@ hold the GIL is the small structure around a few large flat tensors (each bucket
 is one tensor). A process would need the snapshot copied into shared memory (or a pickle
 pipe) and, forked, inherits gloo's and the allocator's threads in an undefined state;
 spawned, it costs a Python and torch start-up. bench/checkpoint.py measures the step time
-of the training thread while a write runs.
+of the training thread while a write runs. (The thread keeps the process's priority: at
+nice 10 the steps lost less time on a busy 2-core host, but the writes starved behind the
+host's other processes, and a queued save then waits on them.)
 
 Lifecycle: :meth:`submit` queues a job (blocking while ``slots`` jobs are queued or running:
 the bound on snapshots held in memory), :meth:`wait` returns once every queued job is done,
