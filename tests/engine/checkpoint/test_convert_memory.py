@@ -1,10 +1,11 @@
 """`zerorun convert --to hf` streams: a checkpoint 10x the shard size converts within 3x the shard size.
 
-Two fresh processes (bench/convert_memory.py): one saves a world-1 checkpoint of ~12.6M fp32
-parameters (50 MB, 96 tensors of at most 1 MiB), the other converts it to 5 MB shards and
+Two fresh processes (bench/convert_memory.py): one saves a world-1 checkpoint of ~25.2M fp32
+parameters (100 MB, 192 tensors of at most 1 MiB), the other converts it to 10 MB shards and
 reports its ``VmHWM`` during the conversion over its ``VmRSS`` just before (the peak is reset
-through ``/proc/self/clear_refs``). Holding the model would peak at 50 MB; holding one shard
-and the largest tensor, near 6 MB.
+through ``/proc/self/clear_refs``). Holding the model would peak at 100 MB; the streaming
+holds at most a shard's worth of source pages, the largest tensor and a fixed few MB of
+first-use allocations (measured 11-22 MB at 5-20 MB shards, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _run(*args: str) -> dict[str, float]:
 
 
 def test_hf_convert_peaks_below_three_shards(tmp_path: Path) -> None:
-    _run("make", str(tmp_path / "ck"), "--params", "12.6e6", "--width", "512")
-    got = _run("convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--max_shard_size", "5MB")
+    _run("make", str(tmp_path / "ck"), "--params", "25.2e6", "--width", "512")
+    got = _run("convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--max_shard_size", "10MB")
     assert got["checkpoint_over_shard"] >= 10 and got["files"] >= 10, got
     assert got["peak_over_start"] < 3 * got["max_shard_size"], got

@@ -13,8 +13,9 @@ from the rank files' chunks, cast, written and dropped. The rank files are opene
 are dropped from the process once it is copied (``madvise``), and the files are re-opened
 once ``max_shard_size`` bytes were read from them (where there is no ``madvise``), so the
 pages a run has touched never add up to the model. Peak memory over the process's start:
-the largest tensor (its fp32 copy and its cast) plus a fixed few MB of first-use
-allocations, whatever the model's size (bench/convert_memory.py, test_convert_memory.py).
+at most one shard's worth of source pages, the largest tensor (its fp32 copy and its cast)
+and a fixed few MB of first-use allocations, whatever the model's size (measured:
+bench/convert_memory.py, BENCHMARKS.md; held under 3 shards by test_convert_memory.py).
 """
 
 from __future__ import annotations
