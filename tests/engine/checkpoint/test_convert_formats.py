@@ -119,3 +119,27 @@ def test_dcp_metadata_naming_a_foreign_global_is_refused(tmp_path: Path) -> None
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(CheckpointError, match="builtins.print"):
         read_metadata(tmp_path)
+
+
+def test_save_16bit_model_writes_the_hf_layout(tmp_path: Path, monkeypatch: Any) -> None:
+    """``save_filename="model.safetensors"``: HF's layout (sharded above the limit), the same tensors as the .pt."""
+    from safetensors.torch import load_file
+
+    import zerorun
+    from zerorun.engine.checkpoint import save16
+
+    torch.manual_seed(0)
+    cfg = {"train_micro_batch_size_per_gpu": 8, "steps_per_print": 10**6, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, "zero_optimization": {"stage": 2}}
+    engine, _, _, _ = zerorun.initialize(model=TiedNet(), config=cfg)
+    engine.save_16bit_model(str(tmp_path / "pt"), "pytorch_model.bin")
+    engine.save_16bit_model(str(tmp_path / "one"), "model.safetensors")
+    monkeypatch.setattr(save16, "HF_SHARD_BYTES", 100)
+    engine.save_16bit_model(str(tmp_path / "sharded"), "model.safetensors")
+    want = torch.load(tmp_path / "pt" / "pytorch_model.bin", weights_only=True)
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    for got in (load_file(tmp_path / "one" / "model.safetensors"),
+                {k: v for f in set(index["weight_map"].values()) for k, v in load_file(tmp_path / "sharded" / f).items()}):
+        assert got.keys() == want.keys()
+        assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want)
+    assert want["embed.weight"].dtype == torch.bfloat16

@@ -190,10 +190,11 @@ def zerorun_items(path: Path, dtype: torch.dtype, trust: bool, budget: int) -> l
     return items
 
 
-def state_items(state: dict[str, torch.Tensor], dtype: torch.dtype) -> list[Item]:
-    """Items of an in-memory state dict (a DeepSpeed checkpoint, ``save_16bit_model``)."""
-    return [Item(k, tuple(v.shape), dtype if v.is_floating_point() else v.dtype, (lambda v=v: v))
-            for k, v in state.items()]
+def state_items(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> list[Item]:
+    """Items of an in-memory state dict (a DeepSpeed checkpoint, ``save_16bit_model``); ``dtype`` None keeps
+    each tensor's own."""
+    return [Item(k, tuple(v.shape), dtype if dtype is not None and v.is_floating_point() else v.dtype,
+                 (lambda v=v: v)) for k, v in state.items()]
 
 
 def shard_names(count: int) -> Iterator[str]:
