@@ -20,12 +20,16 @@ import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.safe_load import TRUST_HINT
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
 
 METADATA = ".metadata"
 _ALLOWED = {
@@ -48,14 +52,14 @@ def is_dcp(path: Path) -> bool:
 class MetadataUnpickler(pickle.Unpickler):
     """Unpickles DCP's metadata classes and plain data only (a named class's own ``__setstate__`` runs)."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> type | object:
         if name in _ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None),
                                                                                  torch.dtype)):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata")
 
 
-def read_metadata(path: Path, trust: bool = False) -> Any:
+def read_metadata(path: Path, trust: bool = False) -> Metadata:
     """``path/.metadata`` as DCP's ``Metadata``, refusing any global outside :data:`_ALLOWED` unless ``trust``."""
     file = path / METADATA
     try:
@@ -138,7 +142,8 @@ class DcpReader:
         return out
 
 
-def _storage_info(storage: dict[Any, Any], name: str, offsets: tuple[int, ...], index: int) -> Any:
+def _storage_info(storage: dict[tuple[str, tuple[int, ...]], _StorageInfo], name: str, offsets: tuple[int, ...],
+                  index: int) -> _StorageInfo:
     info = storage.get((name, offsets))  # MetadataIndex(fqn, offset, index): the index is only a hint
     if info is not None:
         return info

@@ -33,7 +33,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
@@ -46,6 +46,7 @@ from zerorun.engine.checkpoint.writer import BackgroundWriter
 from zerorun.engine.mechanism.gathered import gathered_frozen
 
 if TYPE_CHECKING:
+    from zerorun.config.schema_blocks import CheckpointWriterConfig
     from zerorun.engine.engine import Engine
 
 PEER_TIMEOUT_S = float(os.environ.get("ZERORUN_CHECKPOINT_PEER_TIMEOUT_S", "1800"))
@@ -157,8 +158,8 @@ def _snapshot(engine: Engine, client_state: dict[str, Any] | None, buffers: Host
 
 
 def _torch_save(obj: object, path: Path, buffer_size: int) -> int:
-    def write(f: Any) -> None:
-        buffered = io.BufferedWriter(f.raw, buffer_size=buffer_size)  # io_buffer_size bytes per write call
+    def write(f: BinaryIO) -> None:
+        buffered = io.BufferedWriter(f.raw, buffer_size=buffer_size)  # type: ignore[attr-defined]  # io_buffer_size bytes per write call
         torch.save(obj, buffered)
         buffered.flush()
         buffered.detach()
@@ -171,7 +172,7 @@ class _Job:
     """One decoupled save, run on the writer thread: this rank's files, then (rank 0) the commit."""
 
     def __init__(self, root: Path, tag: str, rank: int, world: int, saved_world: int, snap: dict[str, Any],
-                 save_latest: bool, engine_cfg: Any, blocked_s: float, buffers: HostBuffers) -> None:
+                 save_latest: bool, engine_cfg: CheckpointWriterConfig, blocked_s: float, buffers: HostBuffers) -> None:
         self.root, self.tag, self.rank, self.world, self.saved_world = root, tag, rank, world, saved_world
         self.buffers = buffers
         self.snap, self.save_latest, self.cfg, self.blocked_s = snap, save_latest, engine_cfg, blocked_s

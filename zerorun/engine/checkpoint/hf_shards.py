@@ -114,7 +114,7 @@ class RankFiles:
         self._files: dict[int, Any] | None = None
         self._read = 0
 
-    def _open(self, rank: int) -> Any:
+    def _open(self, rank: int) -> dict[str, object]:
         file = self.path / rank_file(rank)
         if self.trust:
             return torch.load(file, map_location="cpu", mmap=True, weights_only=False)
