@@ -1,6 +1,15 @@
 """Checkpoint save/load time and size against ``torch.save`` of the full state (toy MLP, one process).
 
     python bench/checkpoint.py [--hidden 512 --layers 8 --stage 2]
+    python bench/checkpoint.py --decoupled [--hidden 512 --layers 12 --saves 4 --world 2]
+
+``--decoupled``: ``--world`` gloo ranks each train two engines built alike, one saving
+synchronously and one with ``checkpoint.writer.decoupled``, interleaved round by round: per
+round each engine trains a step, saves (the time the call blocks), trains ``--after`` steps
+(the decoupled one's while its writer writes), and then the decoupled writer's remaining
+write is waited for (reported, not counted as blocking) so that the next synchronous save
+never shares the disk with it. At the end each engine's last tag is loaded into a fresh
+engine and compared bit for bit with the live masters and optimizer state.
 
 The baseline writes ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``
 with one ``torch.save`` (no fsync, no rename) and reads it back with ``torch.load``.
@@ -28,7 +37,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--decoupled", action="store_true", help="sync vs decoupled saves at --world ranks")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--saves", type=int, default=4)
+    parser.add_argument("--after", type=int, default=2, help="steps after each save")
     args = parser.parse_args()
+    if args.decoupled:
+        from checkpoint_decoupled import compare  # bench/checkpoint_decoupled.py, beside this file
+
+        compare(args.hidden, args.layers, args.stage, args.world, args.saves, args.after)
+        return
     torch.manual_seed(0)
     cfg = {"train_micro_batch_size_per_gpu": 16, "steps_per_print": 10**6,
            "zero_optimization": {"stage": args.stage, "reduce_bucket_size": 2**22},

@@ -77,6 +77,7 @@ SAMPLES = {  # a valid non-default value where the default is None or the type i
     "checkpoint.tag_validation": "Fail", "torch_autocast.lower_precision_safe_modules": ["torch.nn.Linear"],
     "zero_optimization.offload_param.max_in_cpu": 7, "zero_optimization.offload_param.buffer_size": 7,
     "data_types.grad_accum_dtype": "fp16",
+    "checkpoint.writer.data_parallel": "machine",
 }
 
 

@@ -44,6 +44,8 @@ NO_EFFECT: dict[str, str] = {
     "checkpoint.load_universal": "checkpoints always load at any world size",
     "checkpoint.use_node_local_storage": "checkpoints are written to the given directory",
     "checkpoint.parallel_write.pipeline_stage": "there is no pipeline",
+    "checkpoint.writer.data_parallel": "every rank writes only its own chunk of the checkpoint",
+    "checkpoint.writer.io_multiplier": "writes go through the file system, not DeepSpeed's async I/O",
     "zero_force_ds_cpu_optimizer": "any torch optimizer steps offloaded shards",
     "amp.opt_level": "apex AMP is not run (amp.enabled is refused)",
     "amp.loss_scale": "apex AMP is not run (amp.enabled is refused)",

@@ -210,6 +210,45 @@ class ParallelWriteConfig(Block):
     )
 
 
+WriterType = Annotated[
+    Literal["MOCK", "PYTHON", "FAST"],
+    BeforeValidator(word_choice("MOCK", "PYTHON", "FAST")),
+]
+DataParallelUnit = Annotated[
+    Literal["REPLICA", "SOCKET", "MACHINE"] | None,
+    BeforeValidator(lambda v: v if v is None else word_choice("REPLICA", "SOCKET", "MACHINE")(v)),
+]
+
+
+class CheckpointWriterConfig(Block):
+    """DeepSpeed 0.19.8's ``checkpoint.writer``: how checkpoint files are written (docs/checkpoints.md)."""
+
+    type: WriterType = Field(
+        "FAST", description="PYTHON and FAST both write with torch.save (fsynced, renamed); MOCK writes nothing "
+                            "(a save then only takes its snapshot: for timing, never for training you keep)."
+    )
+    decoupled: Bool = Field(
+        False, description="save_checkpoint returns after a host snapshot of this rank's state; a background "
+                           "thread writes and commits it. The next save, load_checkpoint and process exit wait for it."
+    )
+    io_buffer_size: PosInt = Field(
+        64 * 1024**2, description="Bytes per write call the background writer issues (DeepSpeed: its pinned "
+                                  "I/O buffer)."
+    )
+    io_buffer_double: Bool = Field(
+        True, description="Decoupled: hold up to two snapshots (one being written, one queued), so a save "
+                          "waits only when both are busy; false holds one (a save waits for the previous write)."
+    )
+    show_statistics: Bool = Field(
+        False, description="Rank 0 prints, per save, the time training was blocked, the write time and bytes."
+    )
+    data_parallel: DataParallelUnit = Field(
+        None, description="DeepSpeed's writer placement (replica, socket, machine); every zerorun rank writes "
+                          "only its own chunk, so no replica writes twice."
+    )
+    io_multiplier: PosInt = Field(1, description="DeepSpeed's I/O multiplier (accepted; no effect).")
+
+
 class CheckpointConfig(Block):
     """Checkpoint behaviour."""
 
@@ -221,4 +260,8 @@ class CheckpointConfig(Block):
     use_node_local_storage: Bool = Field(False, description="Each node writes to its own local storage.")
     parallel_write: ParallelWriteConfig = Field(
         default_factory=ParallelWriteConfig, description="Shard write options."
+    )
+    writer: CheckpointWriterConfig = Field(
+        default_factory=CheckpointWriterConfig, description="How files are written; decoupled: true saves in "
+                                                            "the background (DeepSpeed's DecoupledCheckpointEngine)."
     )

@@ -1,7 +1,9 @@
 """``engine.load_checkpoint``: validate the manifest against the model, then fill the owned ranges.
 
 A DeepSpeed ZeRO tag directory loads the same way: ``ds_load`` presents it as a zerorun
-checkpoint saved at world size 1 (the format is told by the files present).
+checkpoint saved at world size 1 (the format is told by the files present). A
+``torch.distributed.checkpoint`` directory (``.metadata``) loads its module weights through
+``dcp_load``. A decoupled save still being written is waited for first (``decoupled.settle``).
 
 Each rank computes (``reshard.plan_copies``) which saved chunks overlap its owned
 ranges under the *current* world size and stage, reads only those rank files, copies the
@@ -21,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.checkpoint import ds_files, ds_format, ds_load, layout, reshard, safe_load, state
+from zerorun.engine.checkpoint import (
+    dcp_format,
+    dcp_load,
+    ds_files,
+    ds_format,
+    ds_load,
+    layout,
+    reshard,
+    safe_load,
+    state,
+)
 from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.manifest import (
     EXTRA,
@@ -194,6 +206,12 @@ def load_checkpoint(engine: CheckpointView, load_dir: str | os.PathLike[str], ta
     Every file loads as data only; ``trust_checkpoint=True`` lets files the user vouches for
     name any global (a ``client_state`` holding the script's own classes needs it).
     """
+    from zerorun.engine.checkpoint.decoupled import settle
+
+    settle(engine)  # a decoupled save still being written is committed (or has failed, raised here) first
+    dcp_dir = Path(load_dir) if tag is None else Path(load_dir) / str(tag)
+    if dcp_format.is_dcp(dcp_dir) and (tag is None or tag_inside(Path(load_dir), str(tag), "tag=")):
+        return dcp_load.load_dcp(engine, dcp_dir, load_module_only, strict, trust_checkpoint)
     if tag is None and not (Path(load_dir) / LATEST).is_file():
         return nothing_to_resume(Path(load_dir))
     path = resolve(Path(load_dir), tag)

@@ -82,8 +82,14 @@ def _attempt(fn: Callable[[], None]) -> BaseException | None:
     return None
 
 
-def rank_payload(engine: CheckpointView) -> dict[str, Any]:
-    """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state."""
+def host_clone(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().clone()
+
+
+def rank_payload(engine: CheckpointView, host_copy: Callable[[torch.Tensor], torch.Tensor] = host_clone) -> dict[str, Any]:
+    """This rank's chunk of every bucket's fp32 master and optimizer state, plus the small state.
+
+    ``host_copy`` makes each chunk's host copy (a decoupled save copies into reused buffers)."""
     parts = engine.parts
     world, rank, _ = layout.saved_world(engine)
     owned = layout.owned_parts(engine)
@@ -95,9 +101,9 @@ def rank_payload(engine: CheckpointView) -> dict[str, Any]:
             opt_state: dict[str, Any] = {}
             for k, v in engine.optimizer.state.get(m, {}).items():
                 is_chunk = torch.is_tensor(v) and v.numel() == m.numel() and v.numel() > 1
-                opt_state[k] = (layout.chunk_of(v, padded, owned, world, rank).cpu().clone() if is_chunk
+                opt_state[k] = (host_copy(layout.chunk_of(v, padded, owned, world, rank)) if is_chunk
                                 else (v.cpu().clone() if torch.is_tensor(v) else v))
-            buckets.append({"master": chunk.float().cpu().clone(), "state": opt_state})
+            buckets.append({"master": host_copy(chunk.float()), "state": opt_state})
     return {"rank": rank, "buckets": buckets, "engine": state.capture(engine)}
 
 
@@ -115,14 +121,22 @@ def write_recovery_script(root: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _commit(engine: CheckpointView, root: Path, tag: str, save_latest: bool) -> None:
-    """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
+def build_manifest(engine: CheckpointView) -> Manifest:
+    """The manifest of a checkpoint of ``engine`` as it is now (pure data)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
     frozen = [n for n, _ in engine.module.named_parameters() if n not in stored]
-    manifest = Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
-                        zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
-                        aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
+    return Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
+                    zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
+                    aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
+
+
+def _commit(engine: CheckpointView, root: Path, tag: str, save_latest: bool) -> None:
+    commit_staged(root, tag, build_manifest(engine), save_latest)
+
+
+def commit_staged(root: Path, tag: str, manifest: Manifest, save_latest: bool) -> None:
+    """Rank 0: manifest into the staging directory, staging -> TAG, then ``latest``."""
     staging, final, old = staging_dir(root, tag), root / tag, previous_dir(root, tag)
     atomic.write_text(staging / MANIFEST, manifest.to_json())
     write_recovery_script(root)
@@ -141,6 +155,10 @@ def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], ta
     if not save_dir:
         raise CheckpointArgumentError(f"save_dir must be a non-empty string, got {save_dir!r}",
                                       "pass the directory that holds the checkpoints, e.g. 'checkpoints'")
+    if engine.config.checkpoint.writer.decoupled or engine.config.checkpoint.writer.type == "MOCK":
+        from zerorun.engine.checkpoint.decoupled import save_decoupled  # checkpoint.writer (DeepSpeed's keys)
+
+        return save_decoupled(engine, Path(save_dir), tag, client_state, save_latest)
     root = Path(save_dir)
     rank = engine.ctx.rank
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
@@ -178,10 +196,11 @@ def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], ta
     return root / tag
 
 
-def sweep_staging(root: Path) -> list[Path]:
+def sweep_staging(root: Path, keep: frozenset[Path] = frozenset()) -> list[Path]:
     """Remove every ``.TAG.saving`` folder under ``root`` (rank 0, before a save): a staging folder outlives
-    only a save that crashed or failed, and a full disk stays full while it is there."""
-    swept = [d for d in root.glob(".*.saving") if d.is_dir() and not d.is_symlink()]
+    only a save that crashed or failed, and a full disk stays full while it is there. ``keep``: the ones a
+    background writer is still filling."""
+    swept = [d for d in root.glob(".*.saving") if d.is_dir() and not d.is_symlink() and d not in keep]
     for d in swept:
         shutil.rmtree(d, ignore_errors=True)
     return swept

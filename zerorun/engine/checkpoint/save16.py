@@ -6,6 +6,8 @@ stage 3 ``engine.module.state_dict()`` holds empty placeholders for sharded para
 part in each all-gather, only one unit is whole at a time - copies them out, and
 releases them again; rank 0 writes the file (to a fresh temporary name, fsynced, then renamed).
 Stage 3 needs ``zero_optimization.stage3_gather_16bit_weights_on_model_save: true``.
+``save_filename="model.safetensors"`` writes Hugging Face's layout instead (``hf_shards``:
+one ``model.safetensors``, or ``model-0000k-of-0000n.safetensors`` and the index above 5 GB).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import torch
 from torch import nn
 
 from zerorun import torch_compat
-from zerorun.engine.checkpoint import atomic
+from zerorun.engine.checkpoint import atomic, hf_shards
 from zerorun.engine.errors import EngineError
 from zerorun.engine.mechanism.param_state import ParamState
 from zerorun.engine.mechanism.partition import bucket_of
 
 if TYPE_CHECKING:
     from zerorun.engine.views import ModelView
+
+HF_SHARD_BYTES = 5 * 10**9  # Hugging Face's customary max_shard_size
 
 
 def _gathered_state_dict(module: nn.Module, exclude_frozen: bool) -> dict[str, torch.Tensor]:
@@ -68,7 +72,9 @@ def consolidated_state_dict(engine: ModelView,
 def save_16bit_model(engine: ModelView, save_dir: str, save_filename: str = "pytorch_model.bin",
                      exclude_frozen_parameters: bool = False) -> bool:
     state = consolidated_state_dict(engine, exclude_frozen_parameters)
-    if engine.ctx.rank == 0:
+    if engine.ctx.rank == 0 and save_filename == hf_shards.SINGLE:  # Hugging Face's layout, sharded above 5GB
+        hf_shards.write_hf(hf_shards.state_items(state, None), Path(save_dir), HF_SHARD_BYTES)
+    elif engine.ctx.rank == 0:
         path = Path(save_dir) / save_filename
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic.torch_save(state, path)  # a fresh temporary name, fsynced, renamed; removed if the write fails
