@@ -32,7 +32,7 @@ def _train(rank: int, stage: int, precision: str | None, round_trip: bool) -> li
     engine, *_ = zerorun.initialize(model=_model(), config=cfg)
     losses = []
     for step in range(4):
-        loss = nn.functional.mse_loss(engine(x).float(), y)
+        loss = nn.functional.mse_loss(engine(x.to(engine.precision.compute_dtype)).float(), y)
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())

@@ -60,6 +60,11 @@ class Deep(nn.Module):
         return x
 
 
+def _floats_in(engine: object, x: torch.Tensor) -> torch.Tensor:
+    """Floating inputs in the compute dtype (the engine casts none); token ids stay as they are."""
+    return x.to(engine.precision.compute_dtype) if x.is_floating_point() else x  # type: ignore[attr-defined]
+
+
 def make_model(kind: str, seed: int = 1234) -> nn.Module:
     torch.manual_seed(seed)
     if kind == "mlp":
@@ -199,7 +204,7 @@ def train_case(case: Case, rank: int, world: int, model: nn.Module | None = None
         step_losses = []
         for k in range(case.gas):
             sl = rank_rows(k, rank, world)
-            loss = loss_fn(case.model, engine(x[sl].to(engine.precision.compute_dtype)), y[sl])
+            loss = loss_fn(case.model, engine(_floats_in(engine, x[sl])), y[sl])
             engine.backward(loss)
             engine.step()
             step_losses.append(float(loss.detach()))

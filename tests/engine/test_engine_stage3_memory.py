@@ -246,7 +246,7 @@ def test_each_optimizer_call_steps_at_most_one_bucket(stage: int, dtype: str, ov
 
     handle = engine.optimizer.register_step_pre_hook(count)
     try:
-        engine.backward(engine(torch.randn(4, 32)).square().mean())
+        engine.backward(engine(torch.randn(4, 32).to(engine.precision.compute_dtype)).square().mean())
         engine.step()
     finally:
         handle.remove()

@@ -45,7 +45,7 @@ def _measure(rank: int, world: int) -> list[dict]:
             config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         engine, _, _, _ = zerorun.initialize(model=model, model_parameters=model.parameters(), config=config)
         for _ in range(2):
-            loss = engine(torch.randn(4, 63)).float().pow(2).mean()
+            loss = engine(torch.randn(4, 63).to(engine.precision.compute_dtype)).float().pow(2).mean()
             engine.backward(loss)
             engine.step()
         out.append({

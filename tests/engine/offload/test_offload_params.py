@@ -40,6 +40,11 @@ CASES = [Case("mlp", "fp32", 1, prefetch=True, persist=False),
          Case("mlp", "bf16", 1, prefetch=True, persist=False, sgd=True)]
 
 
+def _floats_in(engine: object, x: torch.Tensor) -> torch.Tensor:
+    """Floating inputs in the compute dtype (the engine casts none); token ids stay as they are."""
+    return x.to(engine.precision.compute_dtype) if x.is_floating_point() else x  # type: ignore[attr-defined]
+
+
 def _config(case: Case, kind: str, root: str) -> dict[str, Any]:
     cfg = case.config()
     if kind == "cpu":
@@ -67,7 +72,7 @@ def _train(case: Case, kind: str, rank: int, world: int, root: str) -> dict[str,
         before_step(case.model, model, step)
         x, y = global_batch(case.model, step, rows)
         for k in range(case.gas):
-            loss = loss_fn(case.model, engine(x[rank_rows(k, rank, world)].to(engine.precision.compute_dtype)), y[rank_rows(k, rank, world)])
+            loss = loss_fn(case.model, engine(_floats_in(engine, x[rank_rows(k, rank, world)])), y[rank_rows(k, rank, world)])
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))
@@ -130,7 +135,7 @@ def _deferred(case: Case, rank: int, world: int, root: str) -> dict[str, Any]:
         losses = []
         for step in range(STEPS):
             x, y = global_batch(case.model, step, MICRO_BATCH * world)
-            loss = loss_fn(case.model, engine(x[rank_rows(0, rank, world)].to(engine.precision.compute_dtype)), y[rank_rows(0, rank, world)])
+            loss = loss_fn(case.model, engine(_floats_in(engine, x[rank_rows(0, rank, world)])), y[rank_rows(0, rank, world)])
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach()))
