@@ -20,7 +20,7 @@ import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -28,10 +28,18 @@ from zerorun.engine.checkpoint.errors import CheckpointError
 from zerorun.engine.checkpoint.safe_load import TRUST_HINT
 
 if TYPE_CHECKING:
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata
 
 METADATA = ".metadata"
+
+
+class StorageInfo(Protocol):
+    """Where one chunk's bytes are (DCP's own storage record, as its metadata unpickles it)."""
+
+    relative_path: str
+    offset: int
+    length: int
+
 _ALLOWED = {
     "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
                                               "ChunkStorageMetadata", "BytesStorageMetadata", "MetadataIndex",
@@ -142,8 +150,8 @@ class DcpReader:
         return out
 
 
-def _storage_info(storage: dict[tuple[str, tuple[int, ...]], _StorageInfo], name: str, offsets: tuple[int, ...],
-                  index: int) -> _StorageInfo:
+def _storage_info(storage: dict[tuple[str, tuple[int, ...]], StorageInfo], name: str, offsets: tuple[int, ...],
+                  index: int) -> StorageInfo:
     info = storage.get((name, offsets))  # MetadataIndex(fqn, offset, index): the index is only a hint
     if info is not None:
         return info

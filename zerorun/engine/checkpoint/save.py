@@ -149,17 +149,18 @@ def commit_staged(root: Path, tag: str, manifest: Manifest, save_latest: bool) -
         atomic.write_text(root / LATEST, tag)
 
 
-def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], tag: str | None = None,
-                    client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
-    """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it."""
+def checked_save_dir(save_dir: str | os.PathLike[str]) -> Path:
     if not save_dir:
         raise CheckpointArgumentError(f"save_dir must be a non-empty string, got {save_dir!r}",
                                       "pass the directory that holds the checkpoints, e.g. 'checkpoints'")
-    if engine.config.checkpoint.writer.decoupled or engine.config.checkpoint.writer.type == "MOCK":
-        from zerorun.engine.checkpoint.decoupled import save_decoupled  # checkpoint.writer (DeepSpeed's keys)
+    return Path(save_dir)
 
-        return save_decoupled(engine, Path(save_dir), tag, client_state, save_latest)
-    root = Path(save_dir)
+
+def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], tag: str | None = None,
+                    client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
+    """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``), written before it
+    returns; all ranks call it (``checkpoint.saving`` picks this or the decoupled writer)."""
+    root = checked_save_dir(save_dir)
     rank = engine.ctx.rank
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     tag = check_tag(agreed_tag(engine.coll, rank, tag, engine.config.checkpoint.tag_validation))
