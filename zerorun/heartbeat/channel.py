@@ -145,6 +145,16 @@ def start(env: dict[str, str] | os._Environ[str] = os.environ) -> Heartbeat | No
     return _CURRENT
 
 
+def stop(timeout: float = 1.0) -> None:
+    """Stop this process's sending thread (at exit, after the engine's teardown); the beats sent at
+    exit itself (:func:`exiting`, the last one) are written by the exiting thread, not by it."""
+    current = _CURRENT
+    if current is None or current.pid != os.getpid() or not current.thread.is_alive():
+        return
+    current.stopped.set()
+    current.thread.join(timeout)  # it waits on the event: it wakes at once (a beat in progress ends first)
+
+
 def exiting() -> None:
     """From here the process winds down (groups destroyed, interpreter torn down): say so at once.
 
