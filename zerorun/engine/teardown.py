@@ -81,8 +81,7 @@ def destroy(engine: Tearable, block: bool = True) -> None:
     collective that does not complete within :data:`EXIT_SETTLE_S` is left, never waited for."""
     if getattr(engine, _DONE_ATTR, False):
         return
-    object.__setattr__(engine, _DONE_ATTR, True)
-    _LIVE.discard(engine)
+    object.__setattr__(engine, _DONE_ATTR, True)  # kept in _LIVE: exit still drops its group references
     try:
         settle(engine, block)
     finally:
@@ -160,6 +159,7 @@ def at_exit() -> None:
 
     if os.getpid() != _REGISTERED_PID:  # a forked child that never built an engine: not its engines
         return
+    heartbeat.channel.say_exiting()
     engines = list(_LIVE)
     for engine in engines:
         with contextlib.suppress(Exception):  # exiting: a failure here must not hide the script's own
@@ -171,6 +171,46 @@ def at_exit() -> None:
         forget_groups(engine)
     del engines
     gc.collect()  # engines in reference cycles go now, and the groups they held with them
+    quiesce()  # a group still alive (the script's own): its threads finish what they run first
+
+
+QUIESCE_S = 1.0
+"""At exit, how long gloo's threads of a group still alive are given to go idle."""
+
+
+def backend_threads() -> list[str]:
+    """The ids of this process's gloo worker threads (Linux; empty elsewhere)."""
+    tasks = "/proc/self/task"
+    out = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(tasks):
+            with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:
+                if f.read().startswith("pt_gloo"):
+                    out.append(tid)
+    return out
+
+
+def _running(tid: str) -> bool:
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] == "R"
+    except OSError:
+        return False  # gone
+
+
+def quiesce(limit_s: float = QUIESCE_S) -> bool:
+    """Release the GIL until gloo's worker threads are all asleep twice in a row (idle, or waiting for
+    the GIL this thread just gave up), at most ``limit_s``: a worker still freeing a finished work does
+    it now, not while the interpreter finalizes. True when they went idle (or there are none)."""
+    tids = backend_threads()
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while tids and quiet < 2:
+        time.sleep(0.002)
+        quiet = quiet + 1 if not any(_running(t) for t in tids) else 0
+        if time.monotonic() > deadline:
+            return False
+    return True
 
 
 def forget_groups(engine: Tearable) -> None:

@@ -162,12 +162,15 @@ def exiting() -> None:
     runs last-registered first); the launcher gives a rank that is exiting the set-up
     allowance, not the stall timeout.
     """
-    def say() -> None:
-        PROGRESS.enter(Phase.EXITING)
-        if _CURRENT is not None and _CURRENT.pid == os.getpid():
-            _CURRENT.send()
+    atexit.register(say_exiting)
 
-    atexit.register(say)
+
+def say_exiting() -> None:
+    """Tell the launcher now that this rank's script has ended (the summary then tells a failure at
+    exit from one in training); the engine's exit path says it too, whoever created the group."""
+    PROGRESS.enter(Phase.EXITING)
+    if _CURRENT is not None and _CURRENT.pid == os.getpid():
+        _CURRENT.send()
 
 
 def _register_stacks(text: str | None) -> IO[str] | None:
