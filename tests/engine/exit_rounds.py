@@ -4,11 +4,12 @@ and the interpreter exits); prints one JSON line per rank: its exit code, whethe
 
     python tests/engine/exit_rounds.py --rounds 8 --systems ddp,z1,z2,z3
 
-torch is imported once, here: each rank is a fork of this process that then runs the job and exits
+torch (and what a rank imports later: torch._dynamo, the engine) is imported once, here: each rank is a fork of this process that then runs the job and exits
 through the interpreter's own finalization (atexit handlers, module teardown, C++ static
 destructors), as a rank started by a launcher does, for a fraction of a fresh process's start-up.
 Run ``i`` ends the ``i``-th way of :data:`ENDINGS` (nothing; ``engine.destroy()``; the script's own
-``destroy_process_group``), and every other run uses a process group the script created itself.
+``destroy_process_group``), and each system runs on a process group the script created itself every
+other round (else zerorun creates it).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ import sys
 import tempfile
 
 import torch
+import torch._dynamo  # noqa: F401  # imported by a rank's first collective: once here, not in every rank (~5 s)
 import torch.distributed as dist
 from torch import nn
 
 import zerorun
+import zerorun.config.load  # noqa: F401  # what zerorun.initialize imports, once here
+import zerorun.engine.api  # noqa: F401
 
 ENDINGS = ("nothing", "destroy", "group")
 THREADS_TAG = "EXIT-THREADS "
@@ -103,8 +107,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="zerorun-exit-")
     run = 0
     for r in range(a.rounds):
-        for system in a.systems.split(","):
-            ending, user_group = ENDINGS[run % len(ENDINGS)], run % 2 == 1
+        for index, system in enumerate(a.systems.split(",")):
+            ending, user_group = ENDINGS[run % len(ENDINGS)], (r + index) % 2 == 1  # each system both ways
             env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
                    "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
             children = {}
