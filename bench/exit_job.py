@@ -57,6 +57,7 @@ def main() -> None:
     p = C.base_parser(__doc__)
     p.add_argument("--system", choices=["ddp", "z0", "z1", "z2", "z3"], required=True)
     p.add_argument("--end", choices=["nothing", "destroy", "group"], default="nothing")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=0, help="passed by the launcher")
     p.add_argument("--user-group", action="store_true", help="the script creates the process group itself")
     p.add_argument("--gather", action="store_true",
                    help="end as the peer benchmark does: all_gather every rank's figures, then a barrier")
