@@ -30,7 +30,7 @@ def _env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-@pytest.mark.timeout(800)  # minutes only on a machine shared with other jobs (~1 min alone on 2 cores)
+@pytest.mark.timeout(800)  # ~95 s of CPU; minutes on a machine shared with other jobs
 def test_rounds_of_ddp_and_every_stage_exit_0_with_no_thread_left() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "tests/engine/exit_rounds.py"), "--rounds", str(ROUNDS)],
                           capture_output=True, text=True, timeout=780, env=_env(), cwd=ROOT)
