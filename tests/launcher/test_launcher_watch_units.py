@@ -61,6 +61,18 @@ def test_the_summary_lists_each_rank_and_the_stragglers() -> None:
     assert "logs: /logs (rank<R>.log)" in text and "5.0 GiB" in text
 
 
+def test_the_summary_says_training_completed_when_a_rank_fails_at_teardown() -> None:
+    b = _board()
+    b.on_beat(1, {"step": 7, "phase": "exiting"}, 118.0)  # the script ended; its interpreter exit aborted
+    b.on_beat(2, {"step": 7, "phase": "forward"}, 118.0)  # killed mid-step: no such line
+    for r, code in enumerate([0, 134, 143, 0]):
+        b.on_exit(r, code, 120.0)
+    text = summary(b, 130.0, 134, [], None)
+    assert ("training completed (last step 7 reported) but rank 1 exited with 134 (SIGABRT) at teardown, "
+            "after its script ended: the run counts as failed") in text
+    assert "rank 2 exited" not in text and "exit code 134" in text
+
+
 def test_the_verdict_names_the_rank_that_is_elsewhere() -> None:
     stack = ['Current thread 0x1 (most recent call first):', '  File "/w/model.py", line 88 in forward',
              '  File "/w/train.py", line 12 in <module>']

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from zerorun.engine import metrics, physical_memory
+from zerorun.engine import metrics, physical_memory, teardown
 from zerorun.engine.build import Parts
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
@@ -96,6 +96,7 @@ class Engine(DeepSpeedSurface, HfSurface):
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
         fragments.register(self)  # deepspeed.utils.safe_get_full_*(param) find the engine from the parameter
+        teardown.track(self)  # destroyed at exit if the script does not call destroy() (zerorun.engine.teardown)
 
     # ---- the training loop -------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -178,6 +179,12 @@ class Engine(DeepSpeedSurface, HfSurface):
         if self.config.memory_breakdown:
             print(f"[zerorun] step {self.global_steps} memory: {metrics.format_memory(self.memory_breakdown())}",
                   flush=True)
+
+    def destroy(self) -> None:
+        """Finish and release what the engine started: collectives in flight, hooks, offload threads and
+        files, the shared-memory lane (idempotent; every rank calls it, as it calls ``step``). The process
+        group stays (DeepSpeed's semantics): see :mod:`zerorun.engine.teardown`."""
+        teardown.destroy(self)
 
     # ---- DeepSpeed-shaped accessors -----------------------------------------------------------
     def zero_grad(self) -> None:

@@ -148,6 +148,16 @@ def start(env: dict[str, str] | os._Environ[str] = os.environ) -> Heartbeat | No
     return _CURRENT
 
 
+def stop(timeout: float = 1.0) -> None:
+    """Stop this process's sending thread (at exit, after the engine's teardown); the beats sent at
+    exit itself (:func:`exiting`, the last one) are written by the exiting thread, not by it."""
+    current = _CURRENT
+    if current is None or current.pid != os.getpid() or not current.thread.is_alive():
+        return
+    current.stopped.set()
+    current.thread.join(timeout)  # it waits on the event: it wakes at once (a beat in progress ends first)
+
+
 def exiting() -> None:
     """From here the process winds down (groups destroyed, interpreter torn down): say so at once.
 
@@ -155,12 +165,15 @@ def exiting() -> None:
     runs last-registered first); the launcher gives a rank that is exiting the set-up
     allowance, not the stall timeout.
     """
-    def say() -> None:
-        PROGRESS.enter(Phase.EXITING)
-        if _CURRENT is not None and _CURRENT.pid == os.getpid():
-            _CURRENT.send()
+    atexit.register(say_exiting)
 
-    atexit.register(say)
+
+def say_exiting() -> None:
+    """Tell the launcher now that this rank's script has ended (the summary then tells a failure at
+    exit from one in training); the engine's exit path says it too, whoever created the group."""
+    PROGRESS.enter(Phase.EXITING)
+    if _CURRENT is not None and _CURRENT.pid == os.getpid():
+        _CURRENT.send()
 
 
 def _register_stacks(text: str | None) -> IO[str] | None:

@@ -19,7 +19,9 @@ def outside_backward_tls() -> Iterator[None]:
     A gloo work that holds it needs the GIL to be freed, and gloo's worker thread frees a
     finished work itself: when that happens while the interpreter is finalizing, the
     rank aborts ("terminate called without an active exception", ~1 run in 20 of a
-    2-rank job that exits right after its last backward).
+    2-rank job that exits right after its last backward). The exit path
+    (:mod:`zerorun.engine.teardown`) now also frees the groups, joining gloo's threads, before the
+    interpreter finalizes; this guard keeps a work from holding the object meanwhile.
     """
     with torch_compat.detached_tls(_BACKWARD_TLS_KEY):  # a torch that cannot detach it: left as it is
         yield

@@ -151,6 +151,7 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     if init_method is None and (job is None or job.world_size == 1):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
                                 **_device_id_kwargs(backend, job.local_rank if job else 0))
+        _OWN_GROUP.add(os.getpid())
         return _context(job.local_rank if job else 0)
     if job is not None:
         os.environ.update(job.torch_env())  # env:// reads these; srun/mpirun set only their own
@@ -158,6 +159,7 @@ def init_distributed(dist_backend: str | None = None, timeout: timedelta = timed
     given = {"rank": rank, "world_size": world_size} if init_method is not None and rank >= 0 else {}
     dist.init_process_group(backend, init_method=init_method or "env://", timeout=timeout, **given,
                             **_device_id_kwargs(backend, local_rank))
+    _OWN_GROUP.add(os.getpid())
     atexit.register(destroy_group)
     heartbeat.channel.exiting()  # runs before the line above at exit: the launcher hears "exiting" first
     return _context(local_rank)
@@ -196,6 +198,14 @@ def _device_id_kwargs(backend: str, local_rank: int) -> dict[str, torch.device]:
 # machine the woken main thread can reach the end of the script first (1 run in 24 of a
 # stage-3 checkpointing script). Exit waits this long, with the GIL released, for them.
 EXIT_GRACE_S = 0.1
+
+
+_OWN_GROUP: set[int] = set()  # the pids in which init_distributed created the default group
+
+
+def owns_group() -> bool:
+    """Whether the default group is one :func:`init_distributed` created (in this process), not the script."""
+    return os.getpid() in _OWN_GROUP and dist.is_initialized()
 
 
 def destroy_group() -> None:

@@ -228,6 +228,14 @@ class SharedLane:
         # more ranks than cores: a spinning rank would take the core the awaited peer needs
         self.spins = _SPINS_BEFORE_SLEEP if self.world_size <= _usable_cores() else 0
 
+    def close(self) -> None:
+        """Complete what is pending (the peers posted it: every rank issues the same collectives) and
+        drop this rank's mappings. A peer's reads of this rank's segment go through its own mapping,
+        so closing never pulls pages from under a peer still finishing."""
+        if self.pending:
+            self.complete_through(self.pending[-1][0])
+        self.headers, self.slots, self.segments = [], [], []
+
     def fits(self, tensor: torch.Tensor) -> bool:
         """Whether the lane can carry ``tensor`` (any size: a large one goes in slot-sized pieces)."""
         return tensor.is_contiguous() and tensor.dtype in DTYPE_CODES
