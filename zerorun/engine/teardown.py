@@ -38,6 +38,8 @@ import time
 import weakref
 from typing import Any, Protocol
 
+from zerorun.engine.checkpoint.decoupled import flush_writes
+
 EXIT_SETTLE_S = 5.0
 """At exit, how long a collective still in flight is given to complete (then it is left)."""
 
@@ -84,6 +86,7 @@ def destroy(engine: Tearable, block: bool = True) -> None:
     object.__setattr__(engine, _DONE_ATTR, True)  # kept in _LIVE: exit still drops its group references
     try:
         settle(engine, block)
+        flush_writes(engine)  # a decoupled save's writer finishes its files (it needs no collective)
     finally:
         detach(engine)
         release(engine)
