@@ -36,9 +36,14 @@ import gc
 import os
 import time
 import weakref
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zerorun.engine.checkpoint.decoupled import flush_writes
+
+if TYPE_CHECKING:
+    from zerorun.engine.build import Parts
+    from zerorun.engine.comm.collectives import Collectives, Pending
 
 EXIT_SETTLE_S = 5.0
 """At exit, how long a collective still in flight is given to complete (then it is left)."""
@@ -47,8 +52,8 @@ EXIT_SETTLE_S = 5.0
 class Tearable(Protocol):
     """What teardown reads of an engine (:class:`zerorun.engine.engine.Engine`)."""
 
-    parts: Any
-    coll: Any
+    parts: Parts
+    coll: Collectives
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -112,13 +117,13 @@ def settle(engine: Tearable, block: bool = True) -> None:
                 lane.complete_through(last)
 
 
-def _ready(pending: Any, block: bool) -> bool:
+def _ready(pending: Pending, block: bool) -> bool:
     """Whether to wait for ``pending``: always when blocking, else if it completes within
     :data:`EXIT_SETTLE_S` (a peer that already failed never completes it)."""
     return block or _poll(pending.ready)
 
 
-def _poll(ready: Any) -> bool:
+def _poll(ready: Callable[[], bool]) -> bool:
     deadline = time.monotonic() + EXIT_SETTLE_S
     nap = 1e-4
     while not ready():
