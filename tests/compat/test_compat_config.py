@@ -58,7 +58,6 @@ def test_keys_of_real_configs_load(cfg: dict) -> None:
     ({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}, "1-bit Adam optimizer"),
     ({"optimizer": {"type": "onebitlamb"}}, "1-bit Lamb optimizer"),
     ({"optimizer": {"type": "ZeroOneAdam"}}, "0/1 Adam optimizer"),
-    ({"data_types": {"grad_accum_dtype": "bf16"}}, "data_types.grad_accum_dtype"),
 ])
 def test_missing_features_fail_naming_the_feature(cfg: dict, feature: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -20,7 +20,7 @@ from zerorun.engine.comm.collectives import Collectives
 
 ROOT = Path(__file__).resolve().parents[3]
 ALLOWED = {ROOT / "zerorun" / "engine" / "comm" / name for name in ("collectives.py", "script.py", "order_check.py")} | {
-    ROOT / "launcher" / "doctor_collective.py"}  # the doctor's probe times raw gloo, outside any engine
+    ROOT / "launcher" / "doctor" / "collective_rank.py"}  # the doctor's probe times raw gloo, outside any engine
 COLLECTIVES = {
     "all_reduce", "all_reduce_coalesced", "broadcast", "broadcast_object_list", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced", "reduce_scatter",

@@ -134,7 +134,7 @@ def _peak(engine: Any, micro_steps: int) -> dict[str, int]:
     sync.on_grad_ready, sync.finish_backward = watched, finishing
     g = torch.Generator().manual_seed(1)
     for _ in range(micro_steps):
-        engine.backward(engine(torch.randn(4, WIDTH, generator=g)).float().square().mean())
+        engine.backward(engine(torch.randn(4, WIDTH, generator=g).to(engine.precision.compute_dtype)).float().square().mean())
         engine.step()
     sync.on_grad_ready, sync.finish_backward = on_grad, finish
     return max(seen, key=lambda s: sum(s.values()))

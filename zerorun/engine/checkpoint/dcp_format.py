@@ -141,7 +141,7 @@ class DcpReader:
         entry = self.entries[name]
         if len(entry.chunks) == 1 and tuple(entry.chunks[0].sizes) == entry.shape:
             return self.read_chunk(entry.chunks[0]).reshape(entry.shape)
-        out = torch.empty(entry.shape, dtype=entry.dtype)
+        out = torch.empty(entry.shape, dtype=entry.dtype, device="cpu")
         for c in entry.chunks:
             view = out
             for dim, (o, s) in enumerate(zip(c.offsets, c.sizes, strict=True)):

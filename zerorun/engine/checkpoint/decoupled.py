@@ -79,7 +79,7 @@ class HostBuffers:
             free = self._free.get(key)
             buf = free.pop() if free else None
         if buf is None:
-            buf = torch.empty(key[0], dtype=t.dtype, pin_memory=t.is_cuda)
+            buf = torch.empty(key[0], dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
         self.cuda |= t.is_cuda
         return buf.copy_(t.detach(), non_blocking=t.is_cuda)
 

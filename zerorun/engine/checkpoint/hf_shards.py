@@ -58,7 +58,7 @@ class Item:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype, device="cpu").element_size()
 
 
 def plan_shards(items: list[Item], limit: int) -> list[list[Item]]:
@@ -158,7 +158,7 @@ def drop_pages(t: torch.Tensor) -> None:
 def _param_maker(files: RankFiles, bucket: int, chunk_numel: int, offset: int, numel: int,
                  shape: tuple[int, ...]) -> Callable[[], torch.Tensor]:
     def make() -> torch.Tensor:
-        out = torch.empty(numel, dtype=torch.float32)
+        out = torch.empty(numel, dtype=torch.float32, device="cpu")
         for r in range(offset // chunk_numel, (offset + numel - 1) // chunk_numel + 1 if numel else 0):
             lo, hi = max(offset, r * chunk_numel), min(offset + numel, (r + 1) * chunk_numel)
             src = files.chunk(r, bucket)
