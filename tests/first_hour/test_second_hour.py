@@ -116,7 +116,7 @@ def test_simulate_says_why_its_buffers_differ_from_the_estimates() -> None:
 
     memory = {**{t: 1 << 20 for t in STATE_TERMS}, "buffers": 2 * 10**9}
     result = SimpleNamespace(memory=memory, forward_params=0, stage=2, kept_numel=None)
-    comparison = SimpleNamespace(states={t: 1 << 20 for t in STATE_TERMS}, bound=0, total=5 << 30, window=None,
+    comparison = SimpleNamespace(states={t: 1 << 20 for t in STATE_TERMS}, bound=0, total=5 << 30, window=None, placed=None,
                                  buffers={"reduce_staging": 1000 << 20})
     lines = _memory_lines(result, comparison)  # type: ignore[arg-type]
     text = "\n".join(lines)

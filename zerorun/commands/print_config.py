@@ -149,26 +149,26 @@ def command(
         Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")
     ] = None,
     as_json: Json = False,
-    stage: Annotated[int | None, typer.Option("--stage", min=0, max=3, help="zero_optimization.stage.",
+    stage: Annotated[int | None, typer.Option("--stage", min=0, max=3, help="The ZeRO stage.",
                                               show_default=False)] = None,
     offload_optimizer: Annotated[Offload | None, typer.Option(
-        "--offload-optimizer", help="zero_optimization.offload_optimizer.device (none: no block).",
+        "--offload-optimizer", help="Where the optimizer lives (offload_optimizer; none: no block).",
         show_default=False)] = None,
     offload_param: Annotated[Offload | None, typer.Option(
-        "--offload-param", help="zero_optimization.offload_param.device (none: no block).", show_default=False)] = None,
+        "--offload-param", help="Where the parameters rest (offload_param; none: no block).", show_default=False)] = None,
     offload_ratio: Annotated[float | None, typer.Option(
-        "--offload-ratio", min=0.0, max=1.0, help="offload_optimizer.ratio (Twin-Flow).", show_default=False)] = None,
-    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="bf16.enabled / fp16.enabled.",
+        "--offload-ratio", min=0.0, max=1.0, help="Twin-Flow: the fraction of the optimizer offloaded.", show_default=False)] = None,
+    dtype: Annotated[Dtype | None, typer.Option("--dtype", help="The training dtype (the bf16 or fp16 block).",
                                                 show_default=False)] = None,
-    optimizer: Annotated[Optimizer | None, typer.Option("--optimizer", help="optimizer.type.",
+    optimizer: Annotated[Optimizer | None, typer.Option("--optimizer", help="The optimizer type.",
                                                         show_default=False)] = None,
     masters: Annotated[Masters | None, typer.Option(
-        "--masters", help="fp32, or bf16 (bf16_master_weights_and_grads + bf16_optimizer_states), -kahan, -stochastic.",
+        "--masters", help="fp32 masters, or bf16 ones (bf16 gradients and moments too), plain, -kahan or -stochastic.",
         show_default=False)] = None,
     micro_batch: Annotated[int | None, typer.Option(
-        "--micro-batch", min=1, help="train_micro_batch_size_per_gpu.", show_default=False)] = None,
+        "--micro-batch", min=1, help="The micro batch per GPU.", show_default=False)] = None,
     nvme_path: Annotated[str | None, typer.Option(
-        "--nvme-path", help="nvme_path of the nvme offload blocks.", show_default=False)] = None,
+        "--nvme-path", help="The NVMe folder of the offload blocks.", show_default=False)] = None,
 ) -> None:
     """Print the fully resolved config: every default filled in, "auto" resolved.
 
