@@ -113,7 +113,7 @@ def test_kill_while_the_writer_writes_keeps_the_previous_tag(tmp_path: Path) -> 
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "save returned"  # training goes on while the writer writes
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 240  # the rank file is fsynced: slow when the disk is busy
         while not partial.exists():  # the writer sits between the durable rank file and the commit
             assert time.monotonic() < deadline, "the writer never wrote its rank file"
             time.sleep(0.05)
