@@ -112,7 +112,7 @@ for v in "${VERSIONS[@]}"; do
         "$(count skipped)" "$(count 'errors?')" "$(echo "($t2 - $t1) / 60" | bc -l)" \
         "$(echo "($t1 - $t0) / 60" | bc -l)" "$note" >>"$TABLE"
     tail -1 "$TABLE"
-    [ "$rc" = 0 ] || status=1
+    [ "$rc" = 0 ] || { status=1; echo "torch_matrix: torch $v failed; the end of $log:" >&2; tail -40 "$log" >&2; }
     [ $KEEP = 1 ] || rm -rf "$venv"
 done
 echo "torch_matrix: the table is $TABLE"
