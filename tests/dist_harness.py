@@ -1,7 +1,10 @@
 """Spawn a gloo process group on CPU, run one function on every rank, return each rank's result.
 
 One spawned group runs many sub-cases (the function loops over them), so a world size
-costs one process start-up. Rendezvous is a file (``init_method=file://``); a hard
+costs one process start-up. Ranks fork from a forkserver that imported torch once (a clean,
+single-threaded interpreter: nothing a pytest process holds, no lock, no thread, is
+inherited), so a group starts in a fraction of a second instead of importing torch per
+rank; each rank gets the caller's environment as it is at the call. Rendezvous is a file (``init_method=file://``); a hard
 timeout turns a hang into a failure and kills every rank; an exception on any rank is
 re-raised in the parent with that rank's traceback.
 """
@@ -26,9 +29,21 @@ class RankFailure(AssertionError):
     pass
 
 
+# What the forkserver imports once, before it forks any rank.
+_PRELOAD = ["torch", "torch.distributed", "dist_harness"]
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, init_file: str, results: Any,
-           args: tuple[Any, ...]) -> None:
+           args: tuple[Any, ...], environ: dict[str, str]) -> None:
     try:
+        os.environ.clear()
+        os.environ.update(environ)  # the caller's, now: the server's is the one it started with
         torch.set_num_threads(1)
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
@@ -40,13 +55,17 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, init_file: str, r
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 240) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; results ordered by rank."""
-    ctx = mp.get_context("spawn")
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 240,
+                    grace: float = 5) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; results ordered by rank.
+
+    Once a rank fails, the others get ``grace`` seconds each to finish before they are killed."""
+    ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args), daemon=True)
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, init_file, results, args, dict(os.environ)),
+                             daemon=True)
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -64,7 +83,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                     raise RankFailure(f"[rank {rank}] failed:\n{payload}")
         finally:
             for p in procs:
-                p.join(timeout=5)
+                p.join(timeout=grace)
                 if p.is_alive():
                     p.kill()
                     p.join()

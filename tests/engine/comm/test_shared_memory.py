@@ -163,13 +163,11 @@ def test_a_rank_waiting_on_a_dead_peer_raises_and_names_it(tmp_path) -> None:
     """The peer exits and is not reaped yet (a zombie, as under any parent that has not polled)."""
     report = tmp_path / "rank0.txt"
     with pytest.raises(RankFailure, match="rank 1 leaves"):
-        run_distributed(_die_while_awaited, 2, str(report), timeout=60)
-    deadline = time.monotonic() + 10
-    while not report.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        run_distributed(_die_while_awaited, 2, str(report), timeout=60, grace=60)
     text = report.read_text()
     assert "rank 1 (pid" in text and "exited while this rank waited for it to post collective 2" in text, text
-    assert float(text.rsplit(" after ", 1)[1].split()[0]) < 5.0
+    # found through the dead pid, not the group's 120 s timeout (a loaded machine can take seconds to notice)
+    assert float(text.rsplit(" after ", 1)[1].split()[0]) < 60
 
 
 def test_the_lane_maps_its_budget_at_most_and_carries_any_size() -> None:
@@ -277,12 +275,9 @@ def test_a_name_this_rank_did_not_create_is_never_unlinked_and_a_peer_dying_leak
     planted.write_bytes(b"someone else's")
     try:
         with pytest.raises(RankFailure, match="rank 1 dies in all_true"):
-            run_distributed(_taken_then_die, 2, str(planted), str(report), timeout=60)
+            run_distributed(_taken_then_die, 2, str(planted), str(report), timeout=60, grace=60)
     finally:
         planted.unlink(missing_ok=True)
-    deadline = time.monotonic() + 10
-    while not report.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
     text = report.read_text()
     assert text.startswith("opened=False planted=True own=False "), text  # refused, left alone, own name gone
     assert text.endswith(" []"), text  # after rank 1 died in all_true, neither segment is left
