@@ -39,7 +39,9 @@ def test_options_end_at_the_script_and_its_arguments_pass_untouched() -> None:
     ns = parse_args(["--num_gpus", "2", "train.py", *quoted])
     assert (ns.num_gpus, ns.user_script, ns.user_args) == (2, "train.py", quoted)
     argv = translate(["--num_gpus", "2", "train.py", *quoted])
-    assert argv == ["--as_deepspeed", "--num_gpus", "2", "--master_port", "29500", "train.py", *quoted]
+    assert argv == ["--as_deepspeed", "--num_gpus", "2", "train.py", *quoted]
+    # a port the user did not name is the launcher's to choose (29500, or a free one when a local job holds it)
+    assert translate(["--master_port", "29500", "t.py"])[1:3] == ["--master_port", "29500"]
 
 
 def test_each_deepspeed_flag_becomes_zerorun_s(tmp_path: Path) -> None:

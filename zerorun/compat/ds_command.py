@@ -95,7 +95,7 @@ def _where(ns: argparse.Namespace) -> list[str]:
         out += [flag, value] if value else []
     out += ["--num_nodes", str(ns.num_nodes)] if ns.num_nodes > 0 else []
     out += ["--num_gpus", str(ns.num_gpus)] if ns.num_gpus > 0 else []
-    out += ["--master_port", str(ns.master_port)]
+    out += ["--master_port", str(ns.master_port)] if ns.master_port is not None else []
     out += ["--master_addr", ns.master_addr] if ns.master_addr else []
     hosts = find_hosts(ns.hostfile) if "--hostfile" in out else None  # a missing named file: zerorun's error
     multi = ns.force_multi or (hosts is not None and len(hosts) > 1)  # DeepSpeed runs one host locally
@@ -126,7 +126,9 @@ def translate(args: list[str] | None = None) -> list[str]:
     Raises ``ValueError`` where DeepSpeed does: ``--num_nodes``/``--num_gpus`` with
     ``--include``/``--exclude``, and a bad ``--bind_core_list``.
     """
-    ns = parse_args(args)
+    parser = build_parser()
+    parser.set_defaults(master_port=None)  # named only if the user named it: else zerorun's default and its free-port fallback
+    ns = parser.parse_args(args=args)
     if (ns.num_nodes >= 0 or ns.num_gpus >= 0) and (ns.include or ns.exclude):
         raise ValueError("Cannot specify num_nodes/gpus with include/exclude")
     _refuse_missing(ns)
