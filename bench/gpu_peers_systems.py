@@ -4,7 +4,7 @@
     DS_ACCELERATOR=cpu python bench/gpu_peers_systems.py --systems ds-z2 --cpu --out F.jsonl
     python bench/gpu_peers_systems.py --systems zerorun-z3 --shape offload --layers 40 --offload cpu --mem-gib 24 ...
 
-Systems: ``zerorun-z<stage>`` (zerorun.initialize), ``ds-z<stage>`` (deepspeed.initialize, the same
+Systems (a suffix ``@cpu``/``@nvme`` sets ``--offload`` for that system alone): ``zerorun-z<stage>`` (zerorun.initialize), ``ds-z<stage>`` (deepspeed.initialize, the same
 config dict), ``fsdp2`` (``fully_shard`` per block and the root, ``MixedPrecisionPolicy(bf16, fp32
 reduce)``, torch's AdamW with its default kernel, as zerorun's config AdamW and DeepSpeed's
 ``torch_adam`` get). World size 1, bf16, the model and batches of bench/gpu_peers_model.py.
@@ -111,14 +111,17 @@ def cap_memory(gib: float, device: torch.device) -> dict[str, Any]:
     return {"card_gib": gib, "outside_allocator": outside, "fraction": fraction, "allocator_limit": fraction * total}
 
 
-def run_one(system: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def run_one(spec: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """``spec``: a system, optionally ``@cpu``/``@nvme`` (that offload for it alone, overriding ``--offload``)."""
+    system, _, offload = spec.partition("@")
+    offload = offload or args.offload
     s = (M.OFFLOAD_CPU if args.cpu else M.OFFLOAD_GPU) if args.shape == "offload" else \
         (M.THROUGHPUT_CPU if args.cpu else M.THROUGHPUT_GPU)
     if args.layers:
         s = s.with_layers(args.layers)
     cuda = device.type == "cuda"
     stage = int(system.rsplit("z", 1)[1]) if "-z" in system else 3
-    cfg = ds_config(s, stage, args.offload, args.nvme, args.torch_adam and system.startswith("ds-"))
+    cfg = ds_config(s, stage, offload, args.nvme, args.torch_adam and system.startswith("ds-"))
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -141,7 +144,7 @@ def run_one(system: str, args: argparse.Namespace, device: torch.device) -> dict
         times.append(time.perf_counter() - t)
     measured = times[args.warmup:] or times
     step_s = sorted(measured)[len(measured) // 2]
-    out = {"system": system, "stage": stage, "offload": args.offload, "layers": s.layers, "params": params,
+    out = {"system": spec, "stage": stage, "offload": offload, "layers": s.layers, "params": params,
            "tokens_per_step": s.tokens, "setup_s": setup_s, "step_s": step_s, "step_times": times,
            "tokens_per_s": s.tokens / step_s, "losses": [float(v) for v in losses],
            "optimizer": type(getattr(keep, "optimizer", keep)).__name__ + _inner_optimizer(keep),
@@ -164,7 +167,8 @@ def _inner_optimizer(keep: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", required=True, help="comma-separated: zerorun-z0..3, ds-z0..3, fsdp2")
+    p.add_argument("--systems", required=True, help="comma-separated: zerorun-z0..3, ds-z0..3, fsdp2; "
+                   "a suffix @cpu or @nvme offloads that one")
     p.add_argument("--shape", choices=("throughput", "offload"), default="throughput")
     p.add_argument("--layers", type=int, default=0, help="override the shape's depth (part 2's search)")
     p.add_argument("--steps", type=int, default=5)
