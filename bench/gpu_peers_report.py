@@ -54,6 +54,10 @@ def _throughput(part: dict[str, Any], peak: str | None) -> list[str]:
     lines += ["", f"Loss curves against {agree.get('reference')}: worst relative difference per system "
               f"{ {k: round(v, 5) for k, v in (agree.get('worst') or {}).items()} } (tolerance {agree.get('rtol')}): "
               f"{'within' if agree.get('passed') else 'NOT within'}."]
+    for name, child in part.get("children", {}).items():
+        if child.get("timed_out") or child.get("returncode"):
+            state = "ran out of its time" if child.get("timed_out") else f"exited {child['returncode']}"
+            lines.append(f"The {name} child {state}: its systems that finished are above, the others are missing.")
     if part.get("deepspeed"):
         lines.append(f"DeepSpeed {part['deepspeed']}")
     if part.get("ds_optimizer"):

@@ -28,7 +28,7 @@ def test_peers_dry_mode_runs_every_part(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     parts = summary["parts"]
-    assert list(parts) == ["throughput", "offload", "kernels"] and not any("error" in p for p in parts.values())
+    assert list(parts) == ["throughput", "kernels", "offload"] and not any("error" in p for p in parts.values())
     ds = summary["env"]["deepspeed_python"]
     assert ds or "SKIP DeepSpeed" in proc.stdout  # skipped with a line where it is not installed
     systems = parts["throughput"]["systems"]
@@ -43,7 +43,7 @@ def test_peers_dry_mode_runs_every_part(tmp_path: Path) -> None:
         ds_probes = searches[f"ds/{placement}"]["probes"]
         assert ds_probes and (ds_probes[0].get("fits") if ds else ds_probes[0].get("skipped"))
     probe = searches["zerorun/stage3-nvme"]["probes"][0]
-    assert probe["estimate_nvme"] > 0 and probe["estimate_cpu"] == 0  # the estimate's row beside the probe
+    assert probe["estimate_nvme"] > probe["estimate_cpu"] > 0  # the estimate's row beside the probe
     kernels = parts["kernels"]
     assert kernels["quant"]["passed"] and kernels["compensated"]["passed"] and kernels["nvme"]["same_bytes"], kernels
     assert kernels["compensated"]["nearest"]["kept_of_fp32_move"] < 0.5  # the loss the compensation removes
