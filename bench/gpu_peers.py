@@ -177,7 +177,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def part_throughput(run: Run, deadline: float) -> dict[str, Any]:
-    steps = ["--warmup", "1", "--steps", "2"] if run.cpu else ["--warmup", "2", "--steps", "4"]
+    steps = ["--warmup", "1", "--steps", "2"] if run.cpu else ["--warmup", "2", "--steps", "4", "--profile"]
     mode = ["--cpu"] if run.cpu else []
     families = [("zerorun", sys.executable, "zerorun-z0,zerorun-z1,zerorun-z2,zerorun-z3,fsdp2")]
     if run.ds_python:

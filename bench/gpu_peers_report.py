@@ -30,7 +30,7 @@ def throughput_targets(systems: dict[str, dict[str, Any]], cpu: bool) -> list[di
     zr3, fsdp = get("zerorun-z3", "step_s"), get("fsdp2", "step_s")
     out.append(_target("step zerorun-z3 <= 1.0x fsdp2", zr3 / fsdp if zr3 and fsdp else None, 1.0))
     for st in range(4):
-        zr, ds = get(f"zerorun-z{st}", "max_memory_allocated"), get(f"ds-z{st}", "max_memory_allocated")
+        zr, ds = get(f"zerorun-z{st}", "peak_over_baseline"), get(f"ds-z{st}", "peak_over_baseline")
         out.append(_target(f"peak allocated zerorun-z{st} <= ds-z{st}", zr / ds if zr and ds else None, 1.0))
     if cpu:  # the dry mode's times say nothing about a GPU
         for t in out:
@@ -40,8 +40,8 @@ def throughput_targets(systems: dict[str, dict[str, Any]], cpu: bool) -> list[di
 
 def _throughput(part: dict[str, Any], peak: str | None) -> list[str]:
     lines = [f"## 1. Throughput, world 1 (MFU = 6 x P x tokens / step time / {peak or 'no peak: CPU'})", "",
-             "| system | params | step s | tokens/s | MFU | max allocated GB | max reserved GB | optimizer | "
-             "loss first -> last |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| system | params | step s | tokens/s | MFU | max allocated GB (over baseline) | max reserved GB | "
+             "optimizer | loss first -> last |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, r in part.get("systems", {}).items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:120]} |||||||| ")
@@ -49,6 +49,7 @@ def _throughput(part: dict[str, Any], peak: str | None) -> list[str]:
         loss = f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}"
         lines.append(f"| {name} | {r['params']:,} | {_f(r['step_s'])} | {_f(r['tokens_per_s'], '{:,.0f}')} | "
                      f"{_f(r.get('mfu'), '{:.1%}')} | {_f(r['max_memory_allocated'] and r['max_memory_allocated'] / GB)} "
+                     f"({_f(r.get('peak_over_baseline') and r['peak_over_baseline'] / GB)}) "
                      f"| {_f(r['max_memory_reserved'] and r['max_memory_reserved'] / GB)} | {r['optimizer']} | {loss} |")
     agree = part.get("losses", {})
     lines += ["", f"Loss curves against {agree.get('reference')}: worst relative difference per system "
@@ -62,6 +63,12 @@ def _throughput(part: dict[str, Any], peak: str | None) -> list[str]:
         lines.append(f"DeepSpeed {part['deepspeed']}")
     if part.get("ds_optimizer"):
         lines.append(f"DeepSpeed's optimizer: {part['ds_optimizer']}.")
+    for name, r in part.get("systems", {}).items():
+        prof = r.get("profile")
+        if prof and prof.get("device_busy_s") is not None:
+            kernels = ", ".join(f"{k['name']} {k['self_device_ms']:.1f} ms" for k in prof["top"][:5])
+            lines.append(f"- {name}, one profiled step: {prof['wall_s']:.3f} s wall, device busy "
+                         f"{prof['device_busy_s']:.3f} s, host gaps {prof['host_gap_s']:.3f} s; top: {kernels}")
     lines += ["", "| target | measured | met |", "|---|---:|---|"]
     for t in part.get("targets", []):
         lines.append(f"| {t['target']} | {_f(t['measured'])} | {'-' if t['met'] is None else ('yes' if t['met'] else 'MISSED')} |")

@@ -21,6 +21,7 @@ that it and what lives outside it (CUDA context, cuBLAS, NCCL; measured here) ma
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -126,6 +127,7 @@ def run_one(spec: str, args: argparse.Namespace, device: torch.device) -> dict[s
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated(device) if cuda else 0  # what an earlier system left behind, if anything
     t0 = time.perf_counter()
     # part 2 builds in bf16: the fp32 model of a large depth would not fit the capped card at all
     model = M.make_model(s, device, torch.bfloat16 if args.shape == "offload" else torch.float32)
@@ -148,14 +150,42 @@ def run_one(spec: str, args: argparse.Namespace, device: torch.device) -> dict[s
            "tokens_per_step": s.tokens, "setup_s": setup_s, "step_s": step_s, "step_times": times,
            "tokens_per_s": s.tokens / step_s, "losses": [float(v) for v in losses],
            "optimizer": type(getattr(keep, "optimizer", keep)).__name__ + _inner_optimizer(keep),
+           "baseline_allocated": base if cuda else None,
+           "peak_over_baseline": torch.cuda.max_memory_allocated(device) - base if cuda else None,
            "max_memory_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
            "max_memory_reserved": torch.cuda.max_memory_reserved(device) if cuda else None}
     out["fits"] = all(v == v and abs(v) != float("inf") for v in out["losses"])  # finite: it trained
+    if args.profile:
+        out["profile"] = profile_step(functools.partial(step, *data[0]), cuda)
     close = getattr(getattr(getattr(keep, "parts", None), "param_offload", None), "close", None)
     if close is not None:
         close()
     del step, keep, model
     return out
+
+
+def profile_step(fn: Callable[[], Any], cuda: bool, top: int = 12) -> dict[str, Any]:
+    """One step under torch.profiler: the top kernels by self device time, and the host gaps (the step's
+    wall time less the time the device was busy: where the GPU waited for the host)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+
+    def device_us(e: Any) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+
+    ranked = sorted(events, key=device_us if cuda else (lambda e: e.self_cpu_time_total), reverse=True)[:top]
+    busy = sum(device_us(e) for e in events) / 1e6 if cuda else None
+    return {"wall_s": wall, "device_busy_s": busy, "host_gap_s": wall - busy if busy is not None else None,
+            "top": [{"name": e.key[:80], "calls": e.count, "self_device_ms": device_us(e) / 1e3,
+                     "self_cpu_ms": e.self_cpu_time_total / 1e3} for e in ranked]}
 
 
 def _inner_optimizer(keep: Any) -> str:
@@ -178,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mem-gib", type=float, default=0.0, help="cap the card to this many GiB (CUDA only)")
     p.add_argument("--torch-adam", action="store_true", help="DeepSpeed: torch's AdamW (no compiled op)")
     p.add_argument("--cpu", action="store_true", help="dry mode: CPU and gloo, tiny shapes")
+    p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: top kernels, host gaps")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
@@ -187,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.cpu else "cuda", 0 if not args.cpu else None)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo" if args.cpu else "nccl", rank=0, world_size=1)
+    # gloo beside NCCL on a GPU: any collective a system issues on a host tensor (offload) has a backend
+    dist.init_process_group("gloo" if args.cpu else "cpu:gloo,cuda:nccl", rank=0, world_size=1)
     header: dict[str, Any] = {"header": True, "torch": torch.__version__, "python": sys.version.split()[0]}
     if args.mem_gib and device.type == "cuda":
         header["cap"] = cap_memory(args.mem_gib, device)
