@@ -89,7 +89,8 @@ def _offload(part: dict[str, Any]) -> list[str]:
             + (f", {p['max_memory_allocated'] / GB:.1f} / {p['estimate_total_no_overhead'] / GB:.1f}"
                if p.get("max_memory_allocated") and p.get("estimate_total_no_overhead") else "")
             for p in res["probes"])
-        lines.append(f"| {key} | {probes or '-'} | {_f(res['largest_depth'], '{}')} | {res['closed']} |")
+        stopped = f" (stopped: {res['stopped'][:100]})" if res.get("stopped") else ""
+        lines.append(f"| {key} | {probes or '-'} | {_f(res['largest_depth'], '{}')} | {res['closed']}{stopped} |")
     lines += ["", "| placement | zerorun largest params | DeepSpeed largest params | ratio (target >= 1.5) | "
               "step s at DeepSpeed's largest: zerorun / DeepSpeed | ratio (target <= 0.70) |", "|---|---:|---:|---:|---|---:|"]
     for placement, c in part.get("compare", {}).items():
