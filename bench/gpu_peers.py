@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,7 @@ class Run:
         self.limit = limit or (CPU_LIMIT_S if cpu else LIMIT_S)
         self.summary: dict[str, Any] = {"mode": "cpu" if cpu else "cuda", "parts": {}}
         self.ds_python: str | None = None
+        self.builder: subprocess.Popen[bytes] | None = None  # DeepSpeed's op builds, in the background
         self.port = 29600
         self.ops_file = scratch / "ds-ops.json"
         self.env = {**os.environ, "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
@@ -159,8 +161,9 @@ def setup(run: Run) -> dict[str, Any]:
     if _importable(python, "deepspeed", run.env):
         run.ds_python = python
         if not run.cpu:  # its ops compile on the host's cores while part 1 keeps the GPU busy
-            subprocess.Popen([python, "-c", DS_OPS_CODE, str(run.ops_file)], env={**run.env, "MAX_JOBS": "8"},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+            run.builder = subprocess.Popen([python, "-c", DS_OPS_CODE, str(run.ops_file)],
+                                           env={**run.env, "MAX_JOBS": "8"}, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, cwd=ROOT)
     else:
         info["deepspeed_skipped"] = ("DeepSpeed is not importable in " + python + ": its rows are skipped "
                                      "(set DS_PYTHON, or carry .device-wheels/ from scripts/device_wheels.sh)")
@@ -303,25 +306,37 @@ def main(argv: list[str] | None = None) -> int:
         if name not in budgets or not seconds.replace(".", "", 1).isdigit():
             raise SystemExit(f"error: --budget {item!r}\nhint: PART=SECONDS with PART one of {', '.join(PARTS)}")
         budgets[name] = float(seconds)
+    # the script's `timeout` sends SIGTERM: as an exception, so that subprocess.run kills the running child
+    # and the scratch folder is removed (the parts written so far stay in summary.json)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="zerorun-peers-") as tmp:
         run = Run(args.cpu, out, Path(tmp), args.limit)
-        setup(run)
-        run.write()
-        for name in args.parts.split(","):
-            t0 = time.monotonic()
-            deadline = min(t0 + budgets[name], run.started + run.limit)
-            try:
-                result = PARTS[name](run, deadline)
-            except Exception as e:  # a part that fails leaves the others' figures
-                result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            result["seconds"] = round(time.monotonic() - t0, 1)
-            result["budget_s"] = budgets[name]
-            run.summary["parts"][name] = result
-            run.write()
-            print(f"{'ERROR' if 'error' in result else 'done '}  {name}  ({result['seconds']} s of {budgets[name]})",
-                  flush=True)
+        try:
+            _run_parts(run, args.parts.split(","), budgets)
+        finally:
+            if run.builder is not None and run.builder.poll() is None:
+                run.builder.kill()
+                run.builder.wait()
     print(f"summary: {out / 'summary.json'} and {out / 'summary.md'} ({run.summary['seconds']} s)", flush=True)
     return 1 if any("error" in r for r in run.summary["parts"].values()) else 0
+
+
+def _run_parts(run: Run, names: list[str], budgets: dict[str, float]) -> None:
+    setup(run)
+    run.write()
+    for name in names:
+        t0 = time.monotonic()
+        deadline = min(t0 + budgets[name], run.started + run.limit)
+        try:
+            result = PARTS[name](run, deadline)
+        except Exception as e:  # a part that fails leaves the others' figures
+            result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        result["budget_s"] = budgets[name]
+        run.summary["parts"][name] = result
+        run.write()
+        print(f"{'ERROR' if 'error' in result else 'done '}  {name}  ({result['seconds']} s of {budgets[name]})",
+              flush=True)
 
 
 if __name__ == "__main__":
