@@ -124,6 +124,7 @@ class Run:
 def _importable(python: str, module: str, env: dict[str, str]) -> bool:
     """Whether ``python`` finds ``module`` (found, not imported: no torch import for the question)."""
     if python == sys.executable:
+        importlib.invalidate_caches()  # a pip install in this run adds it after the finders cached the folders
         return importlib.util.find_spec(module) is not None
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
     try:
@@ -273,7 +274,11 @@ def part_kernels(run: Run, deadline: float) -> dict[str, Any]:
                                                                "--swap", str(run.scratch), "--out", str(path)],
                                               deadline - time.monotonic() - 20)}
     out |= json.loads(path.read_text()) if path.exists() else {}
-    if run.ds_python:
+    cpu_adam = run.ds_ops().get("cpu_adam", {})
+    if run.ds_python and not run.cpu and not cpu_adam.get("built"):  # not waiting on (or killing) its build
+        out["DeepSpeedCPUAdam"] = {"skipped": "its background build had not finished: "
+                                   + (cpu_adam.get("error") or "still building")}
+    elif run.ds_python:
         out["ds_child"] = run.child(run.ds_python, ["bench/gpu_peers_kernels.py", "--ds-adam", "--numel", numel,
                                                     "--out", str(ds_path)], deadline - time.monotonic())
         out["DeepSpeedCPUAdam"] = json.loads(ds_path.read_text()) if ds_path.exists() else {"error": "no result"}

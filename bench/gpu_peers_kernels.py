@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=2))
         return 0
     parts: dict[str, Callable[[], dict[str, Any]]] = {
-        "quant": lambda: quant(device, 1 << 14 if args.cpu else 1 << 28, repeat),
+        "quant": lambda: quant(device, 1 << 14 if args.cpu else 1 << 27, repeat),
         "host_step": lambda: host_step(numel, repeat),
         "compensated": lambda: compensated(device, 1 << 12 if args.cpu else 1 << 26, 8 if args.cpu else 32),
     }
