@@ -254,7 +254,10 @@ def part_offload(run: Run, deadline: float) -> dict[str, Any]:
             path = run.scratch / f"offload-{family}-stage2-cpu-{depth}.jsonl"
             stage, offload = O.PLACEMENTS[placement]
             found = {r["system"]: r for r in _lines(path) if not r.get("header")}
-            return found.get(f"{family}-z{stage}@{offload}", {"fits": False, "skipped": "DeepSpeed is not importable"})
+            if systems[family] is None:
+                return {"fits": False, "skipped": "DeepSpeed is not importable"}
+            return found.get(f"{family}-z{stage}@{offload}",
+                             {"fits": False, "error": "no result: the child ran out of time or failed first"})
         results = O.search(probe, dict.fromkeys(O.PLACEMENTS, hi), 1, hi, time.monotonic() + 60, 60, max_rounds=1)
     else:
         results = O.search(probe_one, starts, 1, hi, deadline - 60, 90)  # 60 s kept for the comparison probes
