@@ -92,6 +92,8 @@ def main():
     trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,
                       data_collator=default_data_collator)
     train_result = trainer.train()
+    if trainer.is_deepspeed_enabled:  # with --torch_compile, accelerate compiled the engine (engine.compile)
+        print(f"engine.is_compiled: {trainer.model_wrapped.is_compiled}")
     trainer.save_model()  # Saves the tokenizer too for easy upload
     metrics = train_result.metrics
     metrics["train_samples"] = len(train_dataset)

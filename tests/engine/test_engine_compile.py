@@ -1,24 +1,58 @@
-"""torch.compile over the engine's forward: stages 0-2 stay one graph with no break.
+"""``engine.compile()`` at every stage: one graph at stages 0-2, one graph per block class at stage 3.
 
-Two gloo ranks. ``torch._dynamo.explain`` counts the graphs and breaks of ``engine.forward``
-(the engine adds nothing to the forward at stages 0-2: parameters are plain views of their
-buckets, gradients are taken by post-accumulate hooks outside the graph); then a few steps
-with the forward compiled (``aot_eager``: autograd through the compiled graph, no C++
-toolchain needed) must give the eager run's losses, so the hooks still see every gradient.
-Stage 3 trains alike too, but is measured, not held to a graph count: on the 4-module toy
-model, 25 graphs (gloo) / 20 (NCCL policy) as of this commit. The breaks: the autograd
-graph-task id read by the gather coordinator (``gather.py``, 4), each gather's collective
-(opaque to compile on purpose: one break per call, ``partition.py``), the shared-memory lane's
-counter reads on gloo, and recompiles of ``PartitionedBucket.gather_async`` (guards on the
-bucket's name, one per bucket, until dynamo's recompile limit of 8).
+Two gloo ranks, one spawned group, backends that need no C++ toolchain (``aot_eager``: autograd
+through the compiled graph; ``eager`` for the graph counts), each compiled run against the same
+engine run eagerly (which the parity tests hold to single-process training):
+
+* the 4-module toy model: ``torch._dynamo.explain`` of ``engine.forward`` at stages 0 and 2 (1 runs
+  0's forward) is one graph with no break (the engine adds nothing to the forward: parameters are
+  plain views of their buckets, gradients are taken by post-accumulate hooks outside the graph);
+  then ``engine.compile(backend="aot_eager")`` trains as eager. At stage 3 the toy model has no
+  repeated blocks, so it is compiled whole (a break at each unit's hooks), with a warning;
+* a tiny GPT-shaped model (embedding, a ``ModuleList`` of 3 blocks, a head) at stage 3: each block
+  becomes one gather unit and its forward one graph, shared by the 3 blocks: dynamo captures
+  exactly 1 graph, with no break and no recompile, over 3 training steps;
+* activation checkpointing around each block call, compiled: reentrant at stage 2 (inside the one
+  graph) and stage 3, non-reentrant at stage 3 (the compiled block forward recomputed inside backward).
+
+Losses: equal to eager's within 1e-5 (relative).
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from tests.dist_harness import run_distributed
 from tests.engine.test_engine_cases import MICRO_BATCH, global_batch, loss_fn, make_model, rank_rows
+
+DIM, VOCAB, SEQ = 16, 32, 6
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+class Gpt(nn.Module):
+    def __init__(self, ac: str = "") -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.h = nn.ModuleList(Block() for _ in range(3))
+        self.norm = nn.LayerNorm(DIM)
+        self.ac = ac  # "" | "reentrant" | "non_reentrant": torch.utils.checkpoint around each block call
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for block in self.h:
+            x = block(x) if not self.ac else checkpoint(block, x, use_reentrant=self.ac == "reentrant")
+        return self.norm(x) @ self.emb.weight.t()  # the tied head: a touch of the embedding's bucket
 
 
 def _config(stage: int) -> dict:
@@ -28,44 +62,90 @@ def _config(stage: int) -> dict:
                                   "stage3_param_persistence_threshold": 0}}
 
 
-def _losses(engine, forward, rank: int, world: int) -> list[float]:  # noqa: ANN001
+def _toy_losses(engine, rank: int, world: int) -> list[float]:  # noqa: ANN001
     out = []
     for step in range(3):
         x, y = global_batch(step, MICRO_BATCH * world)
         sl = rank_rows(0, rank, world)
-        loss = loss_fn(forward(x[sl]), y[sl])
+        loss = loss_fn(engine(x[sl]), y[sl])
         engine.backward(loss)
         engine.step()
         out.append(float(loss))
     return out
 
 
-def _compile(rank: int, world: int, stages: tuple[int, ...]) -> dict[int, dict]:
+def _gpt_losses(engine, rank: int) -> list[float]:  # noqa: ANN001
+    out = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(50 + 10 * step + rank)
+        tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=g)
+        logits = engine(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        engine.backward(loss)
+        engine.step()
+        out.append(float(loss))
+    return out
+
+
+def _gpt(stage: int, ac: str, compiled: bool) -> dict:
     import torch._dynamo
 
     import zerorun
 
-    out = {}
-    for stage in stages:
+    torch._dynamo.reset()
+    torch.manual_seed(7)
+    engine, _, _, _ = zerorun.initialize(model=Gpt(ac), config=_config(stage))
+    if compiled:
+        engine.compile(backend="aot_eager", compile_kwargs={})  # accelerate's call
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    losses = _gpt_losses(engine, torch.distributed.get_rank())
+    return {"losses": losses, "graphs": counters["stats"]["unique_graphs"],
+            "breaks": sum(counters["graph_break"].values()), "recompiles": sum(counters["recompiles"].values()),
+            "regions": list(engine.compiled_regions), "is_compiled": engine.is_compiled}
+
+
+def _compile(rank: int, world: int) -> dict:
+    import torch._dynamo
+
+    import zerorun
+
+    out: dict = {"toy": {}, "gpt": {}}
+    for stage in (0, 2):  # stage 1 runs stage 0's forward
         torch._dynamo.reset()
         engine, _, _, _ = zerorun.initialize(model=make_model(), config=_config(stage))
         x = global_batch(0, MICRO_BATCH * world)[0][rank_rows(0, rank, world)]
         explained = torch._dynamo.explain(engine.forward)(x)
         eager, _, _, _ = zerorun.initialize(model=make_model(), config=_config(stage))
         compiled, _, _, _ = zerorun.initialize(model=make_model(), config=_config(stage))
-        out[stage] = {
+        compiled.compile(backend="aot_eager")
+        out["toy"][stage] = {
             "graphs": explained.graph_count, "breaks": explained.graph_break_count,
             "reasons": sorted({str(b.reason).splitlines()[0] for b in explained.break_reasons}),
-            "eager": _losses(eager, eager.forward, rank, world),
-            "compiled": _losses(compiled, torch.compile(compiled.forward, backend="aot_eager"), rank, world),
+            "eager": _toy_losses(eager, rank, world), "compiled": _toy_losses(compiled, rank, world),
         }
+    engine, _, _, _ = zerorun.initialize(model=make_model(), config=_config(3))
+    with pytest.warns(RuntimeWarning, match="no repeated blocks"):
+        engine.compile(backend="eager")  # no blocks: compiled whole (trains: the parity of an earlier commit)
+    out["toy_stage3_regions"] = engine.compiled_regions
+    for stage, ac in ((3, ""), (2, "reentrant"), (3, "reentrant"), (3, "non_reentrant")):
+        out["gpt"][(stage, ac)] = {"eager": _gpt(stage, ac, False), "compiled": _gpt(stage, ac, True)}
     return out
 
 
 @pytest.mark.timeout(300)
-def test_stages_0_to_2_compile_to_one_graph_and_every_stage_trains_alike() -> None:
-    for per_rank in run_distributed(_compile, 2, (0, 1, 2, 3), timeout=280):
-        for stage, r in per_rank.items():
-            if stage < 3:
-                assert (r["graphs"], r["breaks"]) == (1, 0), (stage, r["reasons"])
+def test_engine_compile_at_every_stage() -> None:
+    for per_rank in run_distributed(_compile, 2, timeout=280):
+        assert per_rank["toy_stage3_regions"] == [""]
+        for stage, r in per_rank["toy"].items():
+            assert (r["graphs"], r["breaks"]) == (1, 0), (stage, r["reasons"])
             assert r["compiled"] == pytest.approx(r["eager"], rel=1e-5), stage
+        for (stage, ac), r in per_rank["gpt"].items():
+            eager, compiled = r["eager"], r["compiled"]
+            assert compiled["losses"] == pytest.approx(eager["losses"], rel=1e-5), (stage, ac)
+            assert compiled["is_compiled"] and not eager["is_compiled"]
+            if stage == 3:
+                assert compiled["regions"] == ["h.0", "h.1", "h.2"]
+            if (stage, ac) == (3, ""):
+                # one graph for the 3 blocks, no break inside it, no recompile per block or bucket
+                assert (compiled["graphs"], compiled["breaks"], compiled["recompiles"]) == (1, 0, 0), compiled

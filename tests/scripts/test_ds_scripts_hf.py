@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,32 +63,70 @@ def _reference(out: Path, *model_args: str) -> list[dict[str, float]]:
     return _history(out)
 
 
-@pytest.mark.parametrize(("config", "start"), [("ds_config_zero2.json", "new"), ("ds_config_zero3.json", "pretrained")])
-def test_trainer_matches_plain_trainer(tmp_path: Path, checkpoint: Path, config: str, start: str) -> None:
-    """zero2: a new model, the Trainer's own AdamW (a client optimizer), its scheduler stepped by the Trainer.
-    zero3: from_pretrained under zero.Init, the config's AdamW with "auto" params, the Trainer's scheduler
-    handed to the engine (stepped by it)."""
-    model_args = ("--model_name_or_path", str(checkpoint)) if start == "pretrained" else ()
+def _model_args(config: str, start: str, checkpoint: Path) -> tuple[str, ...]:
+    args = ("--model_name_or_path", str(checkpoint)) if start == "pretrained" else ()
     # DeepSpeed builds the config's AdamW over one parameter group, so every parameter decays; the
     # Trainer's own AdamW spares biases and LayerNorm weights. Decay only where both agree.
-    model_args += ("--weight_decay", "0.01" if config == "ds_config_zero2.json" else "0.0")
-    (tmp_path / "ref").mkdir()
-    want = _reference(tmp_path / "ref", *model_args)
-    out = launch("run_clm.py", "--deepspeed", str(SCRIPTS / config), "--output_dir", str(tmp_path),
-                 "--per_device_train_batch_size", str(MICRO), *model_args, *CPU_STATE, *TRAINER_ARGS,
-                 cwd=tmp_path, timeout=240)
-    got = _history(tmp_path)
-    assert [e["step"] for e in got] == list(range(1, STEPS + 1)), out[-3000:]
+    return (*args, "--weight_decay", "0.01" if config == "ds_config_zero2.json" else "0.0")
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path) -> Callable[[str, str], Path]:
+    """The plain Trainer's run for (config, start), run once and shared by the eager and compiled tests."""
+    done: dict[tuple[str, str], Path] = {}
+
+    def get(config: str, start: str) -> Path:
+        if (config, start) not in done:
+            out = tmp_path_factory.mktemp("ref")
+            _reference(out, *_model_args(config, start, checkpoint))
+            done[(config, start)] = out
+        return done[(config, start)]
+
+    return get
+
+
+def _check_against(ref: Path, out_dir: Path, output: str) -> None:
+    got, want = _history(out_dir), _history(ref)
+    assert [e["step"] for e in got] == list(range(1, STEPS + 1)), output[-3000:]
     for key, rel in (("loss", 1e-5), ("grad_norm", 1e-4)):
         assert [e[key] for e in got] == pytest.approx([e[key] for e in want], rel=rel, abs=1e-7), key
     # trainer.save_model(): the full weights (gathered at stage 3; the tied head saved once) equal the
     # reference's. atol: one Adam step moves a weight by ~lr = 3e-3, so a lost or repeated step shows;
     # the attention key bias has a (mathematically) zero gradient whose rounding noise Adam amplifies
     # to ~2e-6, which rules out a tighter bound.
-    saved, ref = (load_file(d / "model.safetensors") for d in (tmp_path, tmp_path / "ref"))
-    assert saved.keys() == ref.keys()
-    for name, tensor in ref.items():
+    saved, ref_saved = (load_file(d / "model.safetensors") for d in (out_dir, ref))
+    assert saved.keys() == ref_saved.keys()
+    for name, tensor in ref_saved.items():
         torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=5e-5, msg=name)
+
+
+CASES = [("ds_config_zero2.json", "new"), ("ds_config_zero3.json", "pretrained")]
+
+
+@pytest.mark.parametrize(("config", "start"), CASES)
+def test_trainer_matches_plain_trainer(tmp_path: Path, references: Callable[[str, str], Path], checkpoint: Path,
+                                       config: str, start: str) -> None:
+    """zero2: a new model, the Trainer's own AdamW (a client optimizer), its scheduler stepped by the Trainer.
+    zero3: from_pretrained under zero.Init, the config's AdamW with "auto" params, the Trainer's scheduler
+    handed to the engine (stepped by it)."""
+    out = launch("run_clm.py", "--deepspeed", str(SCRIPTS / config), "--output_dir", str(tmp_path),
+                 "--per_device_train_batch_size", str(MICRO), *_model_args(config, start, checkpoint), *CPU_STATE,
+                 *TRAINER_ARGS, cwd=tmp_path, timeout=240)
+    assert "engine.is_compiled: False" in out
+    _check_against(references(config, start), tmp_path, out)
+
+
+@pytest.mark.parametrize(("config", "start"), CASES)
+def test_trainer_torch_compile(tmp_path: Path, references: Callable[[str, str], Path], checkpoint: Path,
+                               config: str, start: str) -> None:
+    """``--torch_compile`` (backend ``aot_eager``: no C++ toolchain, autograd through the graphs): accelerate
+    calls ``engine.compile(backend=, compile_kwargs=)``; the run equals the plain Trainer's, as eager does.
+    At stage 3 GPT-2's blocks (``transformer.h``) are the compiled regions, each one gather unit."""
+    out = launch("run_clm.py", "--deepspeed", str(SCRIPTS / config), "--output_dir", str(tmp_path),
+                 "--per_device_train_batch_size", str(MICRO), *_model_args(config, start, checkpoint), *CPU_STATE,
+                 *TRAINER_ARGS, "--torch_compile_backend", "aot_eager", cwd=tmp_path, timeout=240)
+    assert "engine.is_compiled: True" in out
+    _check_against(references(config, start), tmp_path, out)
 
 
 @pytest.mark.parametrize("stage", [2])

@@ -34,6 +34,7 @@ from zerorun.engine.numerics.grad_norm import clip_multiplier, global_norm_sq
 from zerorun.engine.numerics.precision import PrecisionPolicy
 from zerorun.engine.policy import StagePolicy
 from zerorun.engine.surface import fragments
+from zerorun.engine.surface.compile_surface import CompileSurface
 from zerorun.engine.surface.ds_surface import DeepSpeedSurface
 from zerorun.engine.surface.hf_surface import HfSurface
 from zerorun.engine.trial import recorder_for
@@ -64,7 +65,7 @@ def _cast_inputs(obj: _T, dtype: torch.dtype) -> _T:
     return obj
 
 
-class Engine(DeepSpeedSurface, HfSurface):
+class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  lr_scheduler: LRSchedulerLike | None, config: ZerorunConfig,
                  ctx: DistContext, coll: Collectives, stage: StagePolicy, precision: PrecisionPolicy,

@@ -124,6 +124,18 @@ class GatherCoordinator:
                 lambda _m, args, out, u=unit.index: self.post_forward(u, out, args)))
         self.handles.append(root.register_forward_pre_hook(lambda _m, _a: self.begin_forward(), prepend=True))
 
+    def regroup(self, root: nn.Module, units: list[Unit], modules: list[nn.Module]) -> None:
+        """New units (between passes): the hooks move to ``modules``; the recorded order starts over."""
+        if self.current or self.stack:
+            raise RuntimeError("the stage-3 units change only between training steps (a forward is under way)")
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        self.units = units
+        self.unit_buckets = [list(unit.buckets) for unit in units]
+        self.trace, self.pos, self.on_order = None, 0, False
+        self.attach(root, modules)
+
     def begin_forward(self) -> None:
         if _in_backward():
             return
