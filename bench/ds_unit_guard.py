@@ -9,7 +9,8 @@ ending the whole file. Both make a measurement of many files impossible on a sma
 Loaded with ``-p ds_unit_guard`` (``bench/`` on ``PYTHONPATH``), it wraps the harness's daemonic
 launcher: a passing or skipped test runs exactly as before (same pool, same graceful teardown); a
 failure or a timeout (pytest-timeout's ``--timeout`` alarm or the harness's own) terminates that
-test's pool and fails that test only. The same plugin runs for DeepSpeed and for zerorun, so both
+test's pool and fails that test only, and a rank's exception comes back as a plain ``RuntimeError``
+carrying its text. The same plugin runs for DeepSpeed and for zerorun, so both
 sides of the table are measured under one harness.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
+import traceback
 from typing import Any
 
 import pytest
@@ -33,6 +35,19 @@ def _terminate(owner: Any, pool: Any) -> None:
             del owner._pool_cache[key]
 
 
+def _run_rank(test: Any, *args: Any) -> Any:
+    """One rank of a test (in a pool process): any failure comes back as a plain, picklable ``RuntimeError``.
+
+    pytest's own outcomes (``Failed`` from ``pytest.raises``' "DID NOT RAISE", ``pytest.fail``) do not
+    unpickle in the pool's result thread, which then dies and leaves the test waiting for ever.
+    """
+    try:
+        return test._dist_run(*args)
+    except BaseException as e:  # noqa: BLE001 - whatever a rank raised, the test shows it and fails
+        text = "".join(traceback.format_exception(e)[-12:])
+        raise RuntimeError(f"{type(e).__name__}: {e}\n{text}") from None
+
+
 def _guarded_launch(self: Any, num_procs: int, init_method: Any) -> None:
     """The harness's daemonic launch, but a failure or a hang terminates the pool instead of waiting on it."""
     common = sys.modules["unit.common"]
@@ -46,7 +61,7 @@ def _guarded_launch(self: Any, num_procs: int, init_method: Any) -> None:
         pool = mp.Pool(processes=num_procs)
         master_port = common.get_master_port()
     args = [(local_rank, num_procs, master_port, init_method) for local_rank in range(num_procs)]
-    pending = pool.starmap_async(self._dist_run, args)
+    pending = pool.starmap_async(_run_rank, [(self, *a) for a in args])
     try:
         skip_msgs = pending.get(self.exec_timeout)
     except mp.TimeoutError:
