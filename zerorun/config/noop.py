@@ -24,6 +24,8 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather the reduce_bucket_size buckets",
     "zero_optimization.round_robin_gradients": "each rank owns one contiguous chunk of every bucket",
     "zero_optimization.sub_group_size": "the optimizer steps one flat tensor per bucket",
+    "zero_optimization.stage3_use_all_reduce_for_fetch_params": "parameters are fetched by all-gather, which gives "
+                                                                "the same values",
     "zero_optimization.offload_param.buffer_size": "offloaded shards are read one unit at a time",
     "zero_optimization.offload_param.max_in_cpu": "NVMe parameter offload keeps no host cache",
     "data_types.grad_accum_dtype": "each stage accumulates gradients in its own fixed dtype (docs/compat.md, Not "
