@@ -18,7 +18,6 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.stage3_model_persistence_threshold": "only stage3_param_persistence_threshold is read",
     "zero_optimization.load_from_fp32_weights": "checkpoints always restore the fp32 masters they hold",
     "zero_optimization.elastic_checkpoint": "checkpoints always load into any world size",
-    "zero_optimization.ignore_unused_parameters": "parameters without a gradient are always handled",
     "zero_optimization.contiguous_gradients": "gradients always live in flat per-bucket buffers",
     "zero_optimization.allgather_partitions": "parameters are always all-gathered bucket by bucket",
     "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather the reduce_bucket_size buckets",
