@@ -23,6 +23,8 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather the reduce_bucket_size buckets",
     "zero_optimization.round_robin_gradients": "each rank owns one contiguous chunk of every bucket",
     "zero_optimization.sub_group_size": "the optimizer steps one flat tensor per bucket",
+    "zero_optimization.memory_efficient_linear": "no torch function is patched; a released bucket's bytes go "
+                                                 "even while autograd holds views of it",
     "zero_optimization.stage3_use_all_reduce_for_fetch_params": "parameters are fetched by all-gather, which gives "
                                                                 "the same values",
     "zero_optimization.offload_param.buffer_size": "offloaded shards are read one unit at a time",
