@@ -24,9 +24,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -80,6 +82,21 @@ def expand(tests: Path, files: list[str]) -> list[str]:
     return out
 
 
+def node_ids(junit: Path, tests: Path) -> list[str]:
+    """The pytest node ids (``unit/x/test_f.py::Class::test[p]``) of the tests a JUnit report says passed."""
+    ids = []
+    if not junit.is_file():
+        return ids
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None or case.find("skipped") is not None:
+            continue
+        parts = (case.get("classname") or "").split(".")
+        cut = next((i for i in range(len(parts), 0, -1) if (tests / Path(*parts[:i])).with_suffix(".py").is_file()), 0)
+        if cut:
+            ids.append("::".join(["/".join(parts[:cut]) + ".py", *parts[cut:], case.get("name") or ""]))
+    return ids
+
+
 def run_file(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int,
              keep: Path | None = None) -> None:
     """One pytest run of one file: a hang costs that file alone (its tests then count as not run).
@@ -102,10 +119,22 @@ def _from_keep(keep: Path | None, junit: Path) -> None:
         shutil.copyfile(keep / junit.name, junit)
 
 
-def _pytest(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int) -> None:
-    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", f"unit/{file}"]
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+def _pytest(python: str, tests: Path, file: str, env: dict[str, str], junit: Path, timeout: int,
+            only: list[str] | None = None) -> None:
+    """One pytest run of one file (or of the node ids ``only``) in its own session; past ``timeout`` the
+    whole session (ranks too) is killed."""
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           *(only if only is not None else [f"unit/{file}"])]
+    if env.get("DS_UNITTEST_TIMEOUT"):  # per test: the guard plugin fails that test alone (bench/ds_unit_guard.py)
+        cmd[3:3] = ["-p", "ds_unit_guard", f"--timeout={env['DS_UNITTEST_TIMEOUT']}"]
+    proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the rank processes it started are in its session
+        proc.wait()
 
 
 def in_file(name: str, f: str) -> bool:
@@ -130,15 +159,18 @@ def table(ds: dict[str, tuple[str, str]], zr: dict[str, tuple[str, str]], files:
         ours = [n for n in passing if zr.get(n, ("missing", ""))[0] == "passed"]
         why = Counter(_reason(zr, n, f) for n in passing if n not in ours)
         rows.append({"file": f, "deepspeed": len(passing), "zerorun": len(ours),
-                     "failing": [f"{c}x {w}" for w, c in why.most_common(3)]})
+                     "failing": [f"{c}x {w}" for w, c in why.most_common(3)],
+                     "measured": any(in_file(n, f) for n in ds)})  # False: no DeepSpeed report (not run)
     return rows
 
 
 def markdown(rows: list[dict], commit: str) -> str:
     lines = [f"DeepSpeed tests/unit at {commit}", "",
              "| DeepSpeed test file | pass on DeepSpeed | pass on zerorun | what fails on zerorun |", "|---|---|---|---|"]
-    lines += [f"| {r['file']} | {r['deepspeed']} | {r['zerorun']} | {'; '.join(r['failing'])} |" for r in rows]
-    lines.append(f"| **all** | **{sum(r['deepspeed'] for r in rows)}** | **{sum(r['zerorun'] for r in rows)}** | |")
+    lines += [f"| {r['file']} | {r['deepspeed']} | {r['zerorun']} | {'; '.join(r['failing'])} |"
+              if r.get("measured", True) else f"| {r['file']} | not run | not run | |" for r in rows]
+    ds, zr = sum(r["deepspeed"] for r in rows), sum(r["zerorun"] for r in rows)
+    lines.append(f"| **all** | **{ds}** | **{zr}** ({100 * zr / max(ds, 1):.0f} %) | |")
     return "\n".join(lines)
 
 
@@ -161,9 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zerorun-python", default=sys.executable, help="the Python of zerorun's venv (default: this one)")
     p.add_argument("--files", nargs="*", help="files (or folders) under tests/unit/ (default: the --set's)")
     p.add_argument("--set", choices=sorted(SETS), default="table", help="a named list of files (default: table)")
-    p.add_argument("--engines", choices=("both", "deepspeed", "zerorun"), default="both", help="which side to run")
+    p.add_argument("--engines", choices=("both", "deepspeed", "zerorun", "none"), default="both",
+                   help="which side to run (none: only the table, from the reports under --keep)")
     p.add_argument("--keep", type=Path, help="a folder keeping each file's reports; reports there are reused")
     p.add_argument("--timeout", type=int, default=900, help="seconds per file and engine")
+    p.add_argument("--test-timeout", type=int, default=0,
+                   help="seconds per test: past it (or at a failure) the test's rank processes are killed and that "
+                        "test alone fails (bench/ds_unit_guard.py; 0: DeepSpeed's harness as it is)")
+    p.add_argument("--only-passing", action="store_true",
+                   help="run on zerorun only the tests that pass on DeepSpeed (its reports under --keep; waits for "
+                        "a concurrent --engines deepspeed run to write each)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
     p.add_argument("--devices", type=int, default=2, help="CPU 'devices' DeepSpeed's harness may use (LOCAL_SIZE)")
     ns = p.parse_args(argv)
@@ -179,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         base = {k: v for k, v in os.environ.items() if not k.startswith("ZERORUN_")}
         # DeepSpeed's CPU accelerator counts its "devices" from LOCAL_SIZE; without it every world-2 test skips
         base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", LOCAL_SIZE=str(ns.devices))
+        if ns.test_timeout:
+            base.update(DS_UNITTEST_TIMEOUT=str(ns.test_timeout),
+                        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), base.get("PYTHONPATH")])))
         ds_env = {**base, "PATH": f"{ns.ds_venv / 'bin'}{os.pathsep}{base['PATH']}"}
         (work / "bin").mkdir()
         link(work / "bin", python=ns.zerorun_python, path=[])  # zerorun's venv has no DeepSpeed to shadow
@@ -189,12 +231,21 @@ def main(argv: list[str] | None = None) -> int:
         for i, f in enumerate(files):
             slug = f.replace("/", "-").removesuffix(".py")
             ds_xml, zr_xml = work / f"ds-{slug}.xml", work / f"zr-{slug}.xml"
-            if ns.engines != "zerorun":  # DeepSpeed's report is reused from --keep when there
+            if ns.engines in ("both", "deepspeed"):  # DeepSpeed's report is reused from --keep when there
                 run_file(str(ns.ds_venv / "bin" / "python"), tests, f, ds_env, ds_xml, ns.timeout, ns.keep)
+                if ns.keep:  # a file whose run left no report is done all the same (see --only-passing)
+                    (ns.keep / f"done-{slug}").touch()
             else:
                 _from_keep(ns.keep, ds_xml)
-            if ns.engines != "deepspeed":  # zerorun's always runs afresh
-                _pytest(ns.zerorun_python, tests, f, zr_env, zr_xml, ns.timeout)
+            if ns.engines in ("both", "zerorun"):  # zerorun's always runs afresh
+                only = None
+                if ns.only_passing:  # DeepSpeed's report first (another run may be writing it), then its passes
+                    while not ds_xml.is_file() and ns.keep and not (ns.keep / f"done-{slug}").exists():
+                        time.sleep(20)
+                        _from_keep(ns.keep, ds_xml)
+                    only = node_ids(ds_xml, tests)
+                if only != []:
+                    _pytest(ns.zerorun_python, tests, f, zr_env, zr_xml, ns.timeout, only)
                 if ns.keep and zr_xml.is_file():
                     shutil.copyfile(zr_xml, ns.keep / zr_xml.name)
             else:

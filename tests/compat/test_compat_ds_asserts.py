@@ -3,10 +3,13 @@
 
 ``no_sync()`` at stage 2/3, re-entered, or ``step()`` inside it; ``initialize(dist_init_required=False)``
 and ``init_distributed(dist_init_required=False)`` with no process group; an odd
-``allgather_bucket_size`` at stages 1-2.
+``allgather_bucket_size`` at stages 1-2; ``ignore_unused_parameters: false`` with a parameter that got no
+gradient, in DeepSpeed's CPU-offload path (stages 1-2).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -69,3 +72,34 @@ def test_odd_allgather_bucket_size_asserts_at_stages_1_and_2(world_of_one: None,
         return
     with pytest.raises(AssertionError, match="allgather_bucket_size must be a multiple of nccl_start_alignment_factor"):
         build()
+
+
+class _HalfUsed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+@pytest.mark.parametrize(("stage", "device", "ignore", "asserts"), [
+    (2, "cpu", False, True), (1, "cpu", False, True), (2, "cpu", True, False), (2, "none", False, False),
+    (3, "cpu", False, False)])
+def test_unused_parameters_assert_where_deepspeed_reads_the_key(world_of_one: None, stage: int, device: str,
+                                                                ignore: bool, asserts: bool) -> None:
+    """``ignore_unused_parameters: false`` asserts at the step, in DeepSpeed's words, only in its CPU-offload
+    path (stages 1-2); elsewhere the parameter without a gradient trains as zero, and the key warns."""
+    cfg = _cfg(stage, ignore_unused_parameters=ignore, offload_optimizer={"device": device})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine, *_ = zerorun.initialize(model=_HalfUsed(), config=cfg)
+    warned = any("ignore_unused_parameters" in str(w.message) for w in caught)
+    assert warned == (not ignore and not asserts)
+    engine.backward(engine(torch.randn(2, 4)).sum())
+    if asserts:
+        with pytest.raises(AssertionError, match="enable ignore_unused_parameters option"):
+            engine.step()
+        return
+    engine.step()
+    assert engine.global_steps == 1

@@ -1,5 +1,6 @@
 """Config DeepSpeed 0.19.8 accepts, accepted here: ``data_types.grad_accum_dtype`` (with its stage-0 rule),
-``zero_allow_untested_optimizer: 1`` (an int), ``offload_param`` below stage 3 (ignored, with a warning)."""
+``zero_allow_untested_optimizer: 1`` (an int), ``offload_param`` below stage 3 (ignored, with a warning),
+``memory_efficient_linear`` and ``stage3_use_all_reduce_for_fetch_params`` (no effect, warned)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,13 @@ def test_offload_param_at_stage0_loads_and_warns() -> None:
     with pytest.warns(ConfigWarning, match="offload_param.device: .* ignored, as DeepSpeed does"):
         cfg = load_config({"zero_optimization": {"stage": 0, "offload_param": {"device": "cpu"}}})
     assert cfg.zero_optimization.stage == 0
+
+
+@pytest.mark.parametrize("key", ["memory_efficient_linear", "stage3_use_all_reduce_for_fetch_params"])
+def test_stage3_keys_deepspeeds_zero_tests_set_load_and_warn(key: str) -> None:
+    """DeepSpeed's stage-3 keys with no counterpart in zerorun's engine: accepted, warned about when set
+    away from their default."""
+    value = key == "stage3_use_all_reduce_for_fetch_params"  # the other's default is True
+    with pytest.warns(ConfigWarning, match=f"zero_optimization.{key}: is accepted"):
+        cfg = load_config({"zero_optimization": {"stage": 3, key: value}})
+    assert getattr(cfg.zero_optimization, key) is value

@@ -5,7 +5,11 @@
 * a tensor taken from a parameter inside ``GatheredParameters`` (``p.detach().cpu()`` shares the
   storage on CPU) keeps its values after the exit, as DeepSpeed's does;
 * ``unwrap_model_for_generation``: the whole model gathered and unhooked for the body (a forward there
-  equals plain torch on the same weights, with no collective), the hooks back after, training goes on.
+  equals plain torch on the same weights, with no collective), the hooks back after, training goes on;
+* DeepSpeed's parameter methods: ``p.all_gather_coalesced(params).wait()`` gives each parameter its exact
+  values (odd sizes: padded shards), ``p.partition()`` shards them again, ``p.all_gather(param_list=...)``
+  then ``partition(has_been_updated=True)`` makes rank 0's edit every rank's (under the config key
+  ``stage3_use_all_reduce_for_fetch_params``, accepted).
 """
 
 from __future__ import annotations
@@ -87,8 +91,39 @@ def _unwrap(rank: int, world: int) -> dict:
     return {"hooked": hooked, "inside": inside, "after": after, "finite": bool(torch.isfinite(loss))}
 
 
+class Holder(nn.Module):
+    def __init__(self, numels: list[int]) -> None:
+        super().__init__()
+        for i, n in enumerate(numels):
+            self.register_parameter(f"p{i}", nn.Parameter(torch.arange(1, n + 1, dtype=torch.float32)))
+
+
+def _param_methods(rank: int, world: int) -> dict:
+    import zerorun
+
+    cfg = {"train_micro_batch_size_per_gpu": 1,
+           "zero_optimization": {"stage": 3, "stage3_use_all_reduce_for_fetch_params": True}}
+    with zerorun.zero.Init(config=cfg):
+        model = Holder([5, 7])
+    params = list(model.parameters())
+    out: dict = {"resting": [p.numel() for p in params]}
+    params[0].all_gather_coalesced(params).wait()
+    out["gathered"] = [p.detach().clone() for p in params]
+    params[0].partition(param_list=params)
+    out["partitioned"] = [p.numel() for p in params]
+    params[1].all_gather()
+    if rank == 0:
+        with torch.no_grad():
+            params[1].mul_(10)
+    params[1].partition(has_been_updated=True)
+    with zerorun.zero.GatheredParameters(params):
+        out["edited"] = params[1].detach().clone()
+    return out
+
+
 def _all(rank: int, world: int) -> dict:
-    return {"skip_init": _skip_init(rank, world), "kept": _kept_storage(rank, world), "unwrap": _unwrap(rank, world)}
+    return {"skip_init": _skip_init(rank, world), "kept": _kept_storage(rank, world), "unwrap": _unwrap(rank, world),
+            "methods": _param_methods(rank, world)}
 
 
 def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
@@ -101,6 +136,10 @@ def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
         u = r["unwrap"]
         assert u["hooked"] > 0 and u["inside"] == {"hooks": 0, "whole": True, "equal": True, "silent": True}
         assert u["after"] == {"hooks": u["hooked"], "sharded": True} and u["finite"]
+        m = r["methods"]
+        assert m["resting"] == [0, 0] and m["partitioned"] == [0, 0]
+        assert [t.tolist() for t in m["gathered"]] == [list(range(1, 6)), list(range(1, 8))]
+        assert m["edited"].tolist() == [10.0 * i for i in range(1, 8)]  # rank 0's edit, on every rank
     assert sum(r["skip_init"]["shard"] for r in results) == H * H  # each rank holds its part of l1.weight
     for a, b in zip(results[0]["skip_init"]["full"], results[1]["skip_init"]["full"], strict=True):
         assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.nan_to_num(), b.nan_to_num()))

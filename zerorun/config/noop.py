@@ -18,12 +18,15 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.stage3_model_persistence_threshold": "only stage3_param_persistence_threshold is read",
     "zero_optimization.load_from_fp32_weights": "checkpoints always restore the fp32 masters they hold",
     "zero_optimization.elastic_checkpoint": "checkpoints always load into any world size",
-    "zero_optimization.ignore_unused_parameters": "parameters without a gradient are always handled",
     "zero_optimization.contiguous_gradients": "gradients always live in flat per-bucket buffers",
     "zero_optimization.allgather_partitions": "parameters are always all-gathered bucket by bucket",
     "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather the reduce_bucket_size buckets",
     "zero_optimization.round_robin_gradients": "each rank owns one contiguous chunk of every bucket",
     "zero_optimization.sub_group_size": "the optimizer steps one flat tensor per bucket",
+    "zero_optimization.memory_efficient_linear": "no torch function is patched; a released bucket's bytes go "
+                                                 "even while autograd holds views of it",
+    "zero_optimization.stage3_use_all_reduce_for_fetch_params": "parameters are fetched by all-gather, which gives "
+                                                                "the same values",
     "zero_optimization.offload_param.buffer_size": "offloaded shards are read one unit at a time",
     "zero_optimization.offload_param.max_in_cpu": "NVMe parameter offload keeps no host cache",
     "data_types.grad_accum_dtype": "each stage accumulates gradients in its own fixed dtype (docs/compat.md, Not "

@@ -174,6 +174,23 @@ def zeropp_groups(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
     return []
 
 
+def unused_parameters_assert(cfg: ZerorunConfig) -> bool:
+    """Whether ``ignore_unused_parameters: false`` makes the step assert that every parameter got a gradient:
+    DeepSpeed reads the key only in its CPU-offload path at stages 1-2, and so does zerorun."""
+    zero = cfg.zero_optimization
+    return not zero.ignore_unused_parameters and zero.stage in (1, 2) and zero.offload_optimizer.device == "cpu"
+
+
+def unused_parameters_elsewhere(cfg: ZerorunConfig, given: frozenset[str]) -> list[Problem]:
+    """``ignore_unused_parameters: false`` where DeepSpeed does not read it: a warning that it changes nothing."""
+    if cfg.zero_optimization.ignore_unused_parameters or unused_parameters_assert(cfg):
+        return []
+    return [Problem(f"{ZERO}.ignore_unused_parameters", "is accepted for DeepSpeed compatibility but has no effect "
+                    "in zerorun's engine here (as in DeepSpeed, it is read only with offload_optimizer.device: cpu "
+                    "at stages 1-2, where false makes the step assert that every parameter got a gradient); "
+                    "remove it", severity=Severity.WARNING)]
+
+
 RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     (("fp16.enabled", "bf16.enabled"), precision_exclusive),
     (("amp.enabled",), amp_unsupported),
@@ -185,6 +202,7 @@ RULES: tuple[tuple[tuple[str, ...], Rule], ...] = (
     ((f"{ZERO}.stage",), stage3_keys_below_stage3),
     ((f"{ZERO}.zero_hpz_partition_size", f"{ZERO}.mics_shard_size"), zeropp_groups),
     (("gradient_allreduce_op", f"{ZERO}.stage"), sum_below_stage3),
+    ((f"{ZERO}.ignore_unused_parameters",), unused_parameters_elsewhere),
     ((), keys_without_effect),
 )
 

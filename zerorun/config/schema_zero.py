@@ -30,6 +30,7 @@ STAGE3_ONLY_KEYS = (
     "zero_quantized_nontrainable_weights",
     "zero_quantized_gradients",
     "stage3_module_granularity_threshold",
+    "stage3_use_all_reduce_for_fetch_params",
 )
 """Keys that only ZeRO stage 3 reads; set below stage 3 they have no effect."""
 
@@ -211,4 +212,11 @@ class ZeroConfig(Block):
     )
     stage3_module_granularity_threshold: NonNegInt = Field(
         0, description="Stage 3: flag as leaf every module whose parameters per layer are at most this (0: off).",
+    )
+    memory_efficient_linear: Bool = Field(
+        True, description="Stage 3: DeepSpeed's F.linear that saves no gathered weight for backward (zerorun's "
+        "gathers release theirs already).",
+    )
+    stage3_use_all_reduce_for_fetch_params: Bool = Field(
+        False, description="Stage 3: fetch parameters with an all-reduce instead of an all-gather (the same values).",
     )

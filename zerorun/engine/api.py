@@ -229,6 +229,7 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
                 args: object | None) -> tuple[Engine, torch.optim.Optimizer | None, TrainingDataLoader | None,
                                               LRSchedulerLike | None]:
     from zerorun.config import load_config
+    from zerorun.config.rules import unused_parameters_assert
 
     source = resolve_config_source(config, args)
     source = trial_config(source)  # `zerorun autotune`: the trial's knobs over the user's config
@@ -250,7 +251,8 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
                           predivide=float(cfg.gradient_predivide_factor) if cfg.prescale_gradients else 1.0,
                           overlap_comm=bool(zero.overlap_comm), accum_dtype=precision.master_dtype,
                           quantized=bool(zero.zero_quantized_gradients) and stage.shard_parameters,
-                          average=cfg.gradient_allreduce_op == "mean")
+                          average=cfg.gradient_allreduce_op == "mean",
+                          require_all_used=unused_parameters_assert(cfg))
     offload = offload_from_config(zero)
     param_offload = param_policy(zero)  # offload_param: stage 3 only
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,

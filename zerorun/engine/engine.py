@@ -140,6 +140,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
             raise EngineError(f"[rank {self.ctx.rank}] a plain loss.backward() ran under {self.precision.name} "
                               f"loss scaling (scale {scale:g}): its gradients are not scaled, and the step would "
                               "unscale them", "call engine.backward(loss) instead of loss.backward()")
+        parts.grad_sync.check_all_used()  # ignore_unused_parameters: false (DeepSpeed's CPU-offload path)
         owned = parts.grad_sync.owned_grads()
         # over the shard group: each one holds a whole gradient (MiCS's replicas summed theirs already)
         norm_sq = global_norm_sq(owned, self.stage.shard_optimizer, self.shard_coll)

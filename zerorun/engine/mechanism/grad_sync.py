@@ -100,6 +100,9 @@ class ReducePolicy:
     accum_dtype: torch.dtype = torch.float32
     # ZeRO++ qgZ (zero_quantized_gradients): reduce-scatters cross as int8 blocks, summed in fp32 on arrival
     quantized: bool = False
+    # DeepSpeed's ``ignore_unused_parameters: false`` where it reads it (offload_optimizer cpu, stages 1-2):
+    # the step asserts that every parameter got a gradient since the last step
+    require_all_used: bool = False
 
 
 class _Tracker:
@@ -131,6 +134,7 @@ class GradSyncBase:
         self.armed = False  # a backward pass is in progress
         self.unscaled_passes = 0  # plain loss.backward() passes since the last zero()
         self.boundary: Callable[[], bool] = lambda: True  # the engine's "is this the boundary micro-step?"
+        self.used: set[tuple[int, int]] = set()  # (bucket, slot) with a gradient this window (require_all_used)
         self.pre = 1.0 / policy.predivide if policy.average else 1.0
         self.post = policy.predivide / coll.world_size if policy.average else 1.0
 
@@ -146,6 +150,8 @@ class GradSyncBase:
             self.unscaled_passes += 1
             torch_compat.queue_backward_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
+        if self.policy.require_all_used:
+            self.used.add((bucket_index, slot_index))
         if self.tracker.mark(bucket_index) and self._reduces_now():
             self._launch_complete(bucket_index)
 
@@ -175,6 +181,19 @@ class GradSyncBase:
 
     def _reduces_now(self) -> bool:
         return self.sync
+
+    def check_all_used(self) -> None:
+        """At the step, with ``require_all_used``: DeepSpeed's assertion (its words) when a parameter got no
+        gradient since the last step; the window then starts again."""
+        if not self.policy.require_all_used:
+            return
+        used, self.used = self.used, set()
+        missing = sum(len(b.params) for b in self.buckets) - len(used)
+        assert missing == 0, (
+            f"{missing} trainable parameter(s) got no gradient since the last step. This assert indicates that "
+            "your module has parameters that were not used in producing loss. You can avoid this assert by "
+            "(1) enable ignore_unused_parameters option in zero_optimization config; (2) making sure all "
+            "trainable parameters and `forward` function outputs participate in calculating loss.")
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         raise NotImplementedError

@@ -17,7 +17,9 @@ state transition (:meth:`~zerorun.engine.mechanism.partition.PartitionedBucket._
   shard rests on disk);
 * ``ds_persist``: the bucket is under ``stage3_param_persistence_threshold`` and never released;
 * ``ds_active_sub_modules``: the units whose forward is running with this parameter gathered
-  (a live view of the gather coordinator's stack).
+  (a live view of the gather coordinator's stack);
+* the methods ``all_gather``, ``all_gather_coalesced`` and ``partition``
+  (:mod:`zerorun.engine.surface.ds_param_methods`).
 
 A parameter with ``ds_id`` is a ZeRO-3 parameter (:func:`is_zero_param`, DeepSpeed's test).
 """
@@ -121,6 +123,9 @@ def sync(bucket: PartitionedBucket) -> None:
         d: dict[str, Any] = p.__dict__  # no tensor dispatch: these are plain attributes
         if "ds_id" not in d:
             d["ds_id"] = next(_next_id)
+            from zerorun.engine.surface.ds_param_methods import attach  # it imports the bucket's module
+
+            attach(p)  # all_gather, all_gather_coalesced, partition
         if not isinstance(d.get("ds_active_sub_modules"), ActiveSubModules) or \
                 d["ds_active_sub_modules"]._bucket is not bucket:
             d["ds_active_sub_modules"] = ActiveSubModules(bucket)
