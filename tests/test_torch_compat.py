@@ -24,7 +24,7 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
     entries = {"current_graph_task_id", "call_without_subclass", "detached_tls", "tree_leaves", "disable_compile",
                "compiler_runtime_module", "group_timeout_s", "fake_store", "version_counter", "own_parameters",
                "own_buffers", "non_persistent_buffers",
-               "queue_backward_callback"}
+               "queue_backward_callback", "dcp_one_process"}
     chosen = entries if request.param == "fallback" else set()
     monkeypatch.setattr(tc, "FORCE_FALLBACK", set(chosen))
     yield chosen
@@ -212,3 +212,32 @@ def test_module_entries_see_a_module_s_own_parameters_and_buffers(forced: set[st
     assert m.scratch is new and "scratch" not in m.state_dict()  # still a non-persistent buffer
     params["w"].data = torch.zeros(2)
     assert torch.equal(m.w, torch.zeros(2))
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_dcp_one_process_saves_and_loads_without_a_group_and_refuses_a_collective(forced: set[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    # the no_dist keyword where this torch has it (2.9.1 on; 2.6.0 lacks it), else the call without it
+    assert tc._dcp_no_dist(dcp.save) is (not forced and "no_dist" in inspect.signature(dcp.save).parameters)
+    want = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(2, dtype=torch.bfloat16)}
+    tc.dcp_one_process(dcp.save, want, str(tmp_path / "ckpt"))
+    got = {k: torch.zeros_like(v) for k, v in want.items()}
+    tc.dcp_one_process(dcp.load, got, str(tmp_path / "ckpt"))
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:  # a group of one rank: both paths write (torch's collective has no one else to wait for)
+        tc.dcp_one_process(dcp.save, want, str(tmp_path / "world1"))
+    finally:
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=tc.fake_store(), rank=0, world_size=2)
+    try:
+        if tc._dcp_no_dist(dcp.save):  # one process alone even inside a larger group
+            tc.dcp_one_process(dcp.save, want, str(tmp_path / "world2"))
+        else:  # without the keyword it would be a collective the other rank never joins: refused
+            with pytest.raises(tc.TorchCompatError, match="no_dist"):
+                tc.dcp_one_process(dcp.save, want, str(tmp_path / "world2"))
+    finally:
+        dist.destroy_process_group()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -207,6 +208,30 @@ def fake_store() -> Any:
     return store() if store is not None else torch.distributed.HashStore()
 
 
+# -- torch.distributed.checkpoint: one process alone ------------------------------------------------
+
+def _dcp_no_dist(fn: Callable[..., Any]) -> bool:
+    return "dcp_one_process" not in FORCE_FALLBACK and "no_dist" in inspect.signature(fn).parameters
+
+
+def dcp_one_process(fn: Callable[..., Any], state: dict[str, Any], checkpoint_id: str) -> Any:
+    """``fn(state, checkpoint_id=...)`` for ``torch.distributed.checkpoint.save`` or ``load``, run by this
+    process alone (``no_dist=True``, a public keyword torch 2.6 lacks; 2.9.1 has it).
+
+    Fallback (no such keyword): the call without it, which torch runs as one process when no process
+    group is initialised, and as a collective of the default group otherwise: fine at world 1,
+    refused at a larger world (the other ranks would not join it)."""
+    if _dcp_no_dist(fn):
+        return fn(state, checkpoint_id=checkpoint_id, no_dist=True)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise TorchCompatError(
+            f"this torch ({torch.__version__}) has no no_dist keyword on {fn.__qualname__}: in a process group of "
+            f"{dist.get_world_size()} ranks it would be a collective", "write or read the DCP directory from a "
+            "process without a process group (zerorun convert does), or install torch 2.9 or newer")
+    return fn(state, checkpoint_id=checkpoint_id)
+
+
 # -- tensors and modules: private attributes every torch has had --------------------------------------
 
 def version_counter(tensor: torch.Tensor) -> int:
@@ -284,7 +309,7 @@ PRIVATE_ATTRIBUTES = ("_version", "_parameters", "_buffers", "_non_persistent_bu
                       "_timeout")
 
 __all__ = ["FORCE_FALLBACK", "PRIVATE_ATTRIBUTES", "TorchCompatError", "call_without_subclass", "compiler_runtime_module",
-           "current_graph_task_id", "detached_tls", "disable_compile", "dispatch_mode_class", "fake_store",
+           "current_graph_task_id", "dcp_one_process", "detached_tls", "disable_compile", "dispatch_mode_class", "fake_store",
            "group_timeout_s", "pin_memory_ops", "storage_use_count",
            "in_backward", "non_persistent_buffers", "own_buffers", "own_parameters", "queue_backward_callback", "set_own_buffer",
            "tls_can_detach", "tree_leaves", "version_counter"]

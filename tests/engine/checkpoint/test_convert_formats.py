@@ -24,6 +24,7 @@ from tests.engine.checkpoint.test_checkpoint_cases import CASES, snapshot
 from tests.engine.checkpoint.test_convert import TiedNet, _fresh, trained  # noqa: F401  (fixture)
 from zerorun.cli import main
 from zerorun.engine.checkpoint import CheckpointError, consolidate
+from zerorun.torch_compat import dcp_one_process
 
 
 def _cli(*args: str) -> None:
@@ -70,7 +71,7 @@ def test_dcp_convert_fills_a_plain_model(trained: Any, tmp_path: Path) -> None: 
     _cli(str(root), str(tmp_path / "dcp"), "--to", "dcp")
     model = _fresh()
     state = model.state_dict()
-    dcp.load(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    dcp_one_process(dcp.load, state, str(tmp_path / "dcp"))
     model.load_state_dict(state)
     for k, v in model.state_dict().items():
         assert torch.equal(v, want[k].to(v.dtype)), k
@@ -99,8 +100,8 @@ def test_dcp_directory_loads_into_a_stage3_engine(tmp_path: Path) -> None:
 
     model = _plain_model()
     want = {n: p.detach().clone() for n, p in model.named_parameters()}
-    dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "plain"), no_dist=True)
-    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "nested"), no_dist=True)
+    dcp_one_process(dcp.save, model.state_dict(), str(tmp_path / "plain"))
+    dcp_one_process(dcp.save, {"model": model.state_dict()}, str(tmp_path / "nested"))
     for rank, got in enumerate(run_distributed(_load_dcp_rank, 2, str(tmp_path), timeout=240)):
         for name, params in got.items():
             assert params.keys() == want.keys()

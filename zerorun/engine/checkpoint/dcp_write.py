@@ -19,6 +19,7 @@ import torch
 
 from zerorun.engine.checkpoint.atomic import fsync_dir, rename_dir
 from zerorun.engine.checkpoint.errors import CheckpointError
+from zerorun.torch_compat import dcp_one_process
 
 
 def write_dcp(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:
@@ -33,7 +34,7 @@ def write_dcp(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Pa
     try:
         with warnings.catch_warnings():  # "no process group: saving as one rank" is what we ask for
             warnings.simplefilter("ignore", UserWarning)
-            dcp.save({k: v.contiguous() for k, v in state.items()}, checkpoint_id=str(tmp), no_dist=True)
+            dcp_one_process(dcp.save, {k: v.contiguous() for k, v in state.items()}, str(tmp))
         for f in tmp.iterdir():
             with f.open("rb") as handle:
                 os.fsync(handle.fileno())
