@@ -10,7 +10,7 @@ A job takes the run's spec (:class:`exit_rounds.Run` as a dict) and its rank. Sy
 (plain torch DDP, the benchmark's reference run, always on the script's own group; it waits for
 gloo's workers to go idle before it destroys its group, :func:`zerorun.engine.teardown.quiesce`:
 torch's reducer frees the group with the GIL held, which deadlocked with a worker still freeing its
-last work in 2 of ~40 runs here, a torch bug this test is not about),
+last work in 3 of 12 runs here, a torch bug this test is not about),
 ``z1``/``z2``/``z3`` (zerorun at that stage, a default config, on zerorun's group or, with
 ``user_group``, on one the script created), and ``readme`` (the README's main job,
 ``examples/train_toy.py --config templates/zero2.yaml``, as its script runs). Endings after the last
