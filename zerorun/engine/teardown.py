@@ -173,6 +173,7 @@ def at_exit() -> None:
         with contextlib.suppress(Exception):  # exiting: a failure here must not hide the script's own
             destroy(engine, block=False)
     heartbeat.channel.stop()
+    quiesce()  # before any group is freed: see quiesce (the free joins gloo's workers with the GIL held)
     if bootstrap.owns_group():
         bootstrap.destroy_group()
     for engine in engines:
@@ -206,16 +207,41 @@ def _running(tid: str) -> bool:
         return False  # gone
 
 
+def foreign_thread_states() -> int:
+    """How many of this interpreter's thread states belong to no Python thread: a C++ thread inside a
+    GIL acquisition (a gloo worker freeing a finished work's tensors waits for the GIL with one)."""
+    import ctypes
+    import threading
+
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Main.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    count = 0
+    state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Main())  # walked with the GIL held
+    while state:
+        count += 1
+        state = api.PyThreadState_Next(state)
+    return max(0, count - len(threading._active))  # type: ignore[attr-defined]  # started Python threads
+
+
 def quiesce(limit_s: float = QUIESCE_S) -> bool:
-    """Release the GIL until gloo's worker threads are all asleep twice in a row (idle, or waiting for
-    the GIL this thread just gave up), at most ``limit_s``: a worker still freeing a finished work does
-    it now, not while the interpreter finalizes. True when they went idle (or there are none)."""
+    """Release the GIL until gloo's worker threads are all asleep and no foreign thread holds a thread
+    state, twice in a row, at most ``limit_s``; True when they went idle (or there are none).
+
+    A gloo worker frees the work it ran after the caller's wait returned, and freeing a work whose
+    tensors Python made takes the GIL. Freeing a gloo group joins its workers, with the GIL held
+    when Python drops the last reference: a worker still waiting to free its last work then waits
+    forever (a hang seen with torch's DDP, whose reducer frees its group so). So the exit path calls
+    this before it frees a group, and again before the interpreter finalizes (where such a worker
+    aborts the rank). A worker waiting for the GIL sleeps too, hence the thread-state count."""
     tids = backend_threads()
     deadline = time.monotonic() + limit_s
     quiet = 0
     while tids and quiet < 2:
         time.sleep(0.002)
-        quiet = quiet + 1 if not any(_running(t) for t in tids) else 0
+        idle = not any(_running(t) for t in tids) and foreign_thread_states() == 0
+        quiet = quiet + 1 if idle else 0
         if time.monotonic() > deadline:
             return False
     return True
