@@ -52,6 +52,7 @@ OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gathered window", ("_full",)),
     ("gathered window", ("data",)),
     ("gradients", ("grad",)),
+    ("gathered window", ("module",)),  # a gathered parameter reached through the model before its bucket
     ("step scalars", ("_last_loss",)),
 )
 
