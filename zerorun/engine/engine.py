@@ -166,6 +166,11 @@ class Engine(DeepSpeedSurface, HfSurface):
         self._report()
         if self._trial is not None:
             self._trial.step_done()
+        if self.ctx.device.type == "cpu":
+            # The step's buffers are free now. glibc keeps freed heap chunks of up to 32 MiB resident and
+            # serves the next step from a fragmented heap: without a trim, that retention grew the
+            # training-step peak by 50-75 MiB per rank over three steps (BENCHMARKS.md, issue 48).
+            physical_memory.trim_heap()
 
     def _report(self) -> None:
         every = self.config.steps_per_print
