@@ -12,9 +12,10 @@ staging pool, coalescing group, masters, optimizer state, lane slots, ZeRO++ buf
 offload), sampled as forward saves tensors, as backward unpacks them, as each gradient
 leaves autograd, after backward and after the step. Rank 0 prints the sample with the most
 resident bytes (``mincore``: pages the kernel holds, not address ranges), with each
-owner's storage count and allocated bytes beside its resident ones, then the process's
-``VmRSS`` / ``RssAnon`` / ``RssShmem`` over the import baseline at that moment: what no
-owner explains is activations, the runtime (gloo, threads) and allocator retention.
+owner's storage count and allocated bytes beside its resident ones. Then one more step,
+unwatched, gives each phase's own ``VmHWM`` (forward, backward, step; ``malloc_trim(0)``
+and a reset before each) over the import baseline: what no owner explains is activations,
+the runtime (gloo, threads) and the allocator's retention within the phase.
 """
 
 from __future__ import annotations
