@@ -219,3 +219,19 @@ def test_stage3_per_link_under_hpz_in_the_json_and_the_text(capsys: pytest.Captu
     assert "hpZ secondary copy per rank: 16.30 GiB" in text
     assert main(["estimate", "--params", "7B", "--gpus", "8", "--nodes", "2", "--mics", "5"]) == 1
     assert "mics_shard_size 5 does not tile a world of 16" in capsys.readouterr().err
+
+
+def test_every_buffer_is_a_row_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's ``buf`` column, buffer by buffer: in the JSON and as lines below the table, summing to it."""
+    args = ["--params", "124M", "--gpus", "2", "--dtype", "fp32", "--hidden", "768", "--layers", "12", "--heads", "12",
+            "--offload-optimizer", "none", "--offload-param", "none"]
+    data = _json(capsys, *args)
+    stage3 = next(r for r in data["rows"] if r["stage"] == 3)
+    assert set(stage3["buffer_bytes"]) >= {"reduce_staging", "gathered_params", "unit_gradients"}
+    for row in data["rows"]:
+        assert sum(row["buffer_bytes"].values()) == row["per_gpu_bytes"]["buffers"], row
+    assert main(["estimate", *args]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("buffers, stage 3"))
+    assert "gradient staging" in line and "gathered window" in line and "gradient in hand" in line
+    assert not any(ln.startswith("buffers, stage 0") for ln in out.splitlines())  # stage 0 stages nothing

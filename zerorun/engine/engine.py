@@ -15,6 +15,7 @@ it never asks which ZeRO stage it runs.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -168,6 +169,12 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         self._report()
         if self._trial is not None:
             self._trial.step_done()
+        if self.ctx.device.type == "cpu" and os.environ.get("ZERORUN_TRIM_HEAP", "1") != "0":
+            # The step's buffers are free now. glibc keeps freed heap chunks of up to 32 MiB resident and
+            # serves the next step from a fragmented heap: without a trim, that retention grew the
+            # training-step peak by 50-75 MiB per rank over three steps (BENCHMARKS.md, issue 48). The
+            # next step faults the pages in again; ZERORUN_TRIM_HEAP=0 keeps them (faster, larger peak).
+            physical_memory.trim_heap()
 
     def _report(self) -> None:
         every = self.config.steps_per_print

@@ -85,6 +85,7 @@ class Row:
             "offload_param": self.placement.offload_param.value,
             "offload_ratio": self.placement.offload_ratio,
             "per_gpu_bytes": {**self.gpu, "total": self.total},
+            "buffer_bytes": dict(self.buffer_detail),  # the rows of per_gpu_bytes["buffers"], by buffer
             "per_node_cpu_bytes": self.cpu_per_node,
             "per_node_nvme_bytes": self.nvme_per_node,
             "model_states_bytes": self.model_states,

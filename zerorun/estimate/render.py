@@ -79,6 +79,25 @@ def per_param_lines(est: Estimate) -> list[str]:
     return lines
 
 
+BUFFER_NAMES = {"reduce_staging": "gradient staging", "gathered_params": "gathered window (prefetch included)",
+                "unit_gradients": "a unit's gradient in hand", "persistent_params": "persistent parameters"}
+
+
+def buffer_lines(est: Estimate) -> list[str]:
+    """Every buffer the engine holds beside the model states, one line per stage (the table's ``buf``), in MiB."""
+    lines, seen = [], set()
+    for row in est.rows:
+        detail = tuple((k, v) for k, v in row.buffer_detail.items() if v)
+        label = f"stage {row.placement.stage}" + (f", offload {_offload(row.placement)}"
+                                                  if _offload(row.placement) not in ("", "-") else "")
+        if not detail or (label, detail) in seen:
+            continue
+        seen.add((label, detail))
+        cells = ", ".join(f"{BUFFER_NAMES.get(k, k)} {v / 2**20:,.1f}" for k, v in detail)
+        lines.append(f"buffers, {label} (MiB per GPU): {cells}")
+    return lines
+
+
 def estimate_table(est: Estimate) -> Table:
     """One row per stage/offload variant; every memory column in GiB (2^30 bytes).
 
@@ -194,6 +213,8 @@ def print_estimate(est: Estimate, console: Console, notes: list[str], config: st
     console.print(assumptions_line(est), soft_wrap=True, markup=False)
     console.print(f"[dim]{reference_line(est)}[/]", soft_wrap=True)
     for line in per_param_lines(est):
+        console.print(line, soft_wrap=True, markup=False, style="dim")
+    for line in buffer_lines(est):
         console.print(line, soft_wrap=True, markup=False, style="dim")
     console.print(bars(est))
     console.print(legend(est))

@@ -17,9 +17,11 @@ Only a simulation on meta can tell the two sides apart (on the CPU the host and 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import types
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,10 +92,13 @@ class ResidentPeak:
         self.root, self.issued, self.stride = root, issued, max(1, stride)
         self.device = self.host = 0
         self._last = -1
+        self._tied = TiedGradients()
 
     def sample(self, in_hand: int = 0) -> None:
-        """Look now; ``in_hand``: device bytes of a gradient autograd holds but nothing else reaches yet."""
+        """Look now; ``in_hand``: device bytes of a gradient autograd holds but nothing else reaches yet
+        (a tied parameter's partial gradient is added here: :class:`TiedGradients`)."""
         now = resident(self.root)
+        in_hand += self._tied.pending_bytes()
         self.device, self.host = max(self.device, now.device + in_hand), max(self.host, now.host)
         self._last = self.issued()
 
@@ -104,17 +109,69 @@ class ResidentPeak:
         if not params:
             return []
         largest = max(p.numel() for p in params)
-        return [p.register_hook(self._gradient) for p in params if p.requires_grad and 2 * p.numel() >= largest]
+        return [p.register_hook(functools.partial(self._gradient, id(p))) for p in params
+                if p.requires_grad and 2 * p.numel() >= largest]
 
-    def _gradient(self, grad: torch.Tensor) -> None:
-        self.sample(0 if is_host(grad) else grad.untyped_storage().nbytes())
+    def _gradient(self, key: int, grad: torch.Tensor) -> None:
+        # a tied parameter's summed gradient is the buffer TiedGradients counts already
+        self.sample(0 if is_host(grad) or key in self._tied.pending else grad.untyped_storage().nbytes())
 
     def _look(self, t: torch.Tensor) -> torch.Tensor:
         if self.issued() >= self._last + self.stride:  # gathered (or reduced) since the last look
             self.sample()
         return t
 
-    def watching_backward(self) -> torch.autograd.graph.saved_tensors_hooks:
+    @contextlib.contextmanager
+    def watching_backward(self) -> Iterator[None]:
         """Enter around forward: forward samples as it saves tensors for backward, backward as it unpacks them
-        (stage 3's gathered window peaks in one or the other)."""
-        return torch.autograd.graph.saved_tensors_hooks(self._look, self._look)
+        (stage 3's gathered window peaks in one or the other); parameters used more than once are noted."""
+        with torch.autograd.graph.saved_tensors_hooks(self._look, self._look), self._tied:
+            yield
+
+
+class TiedGradients(torch.overrides.TorchFunctionMode):
+    """The gradients autograd holds for parameters used more than once in forward (a tied embedding).
+
+    Autograd sums a leaf's contributions in a buffer of its own before the leaf's hooks run: the
+    buffer exists from the backward of the parameter's last use in forward to that of its first,
+    outside anything the engine reaches (GPT-2's head and embedding share a weight: its whole
+    gradient is held through backward). Entered around forward, this notes each parameter's uses;
+    a hook on the last use's output marks the buffer from the moment backward reaches it, and the
+    parameter's own hook ends it. :meth:`pending_bytes` is what is held now.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uses: dict[int, int] = {}
+        self.last: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # id -> (param, last output, bytes)
+        self.pending: dict[int, int] = {}
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        params = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.nn.Parameter) and a.requires_grad]
+        if params and isinstance(out, torch.Tensor) and out.requires_grad and not is_host(out):
+            for p in params:
+                self.uses[id(p)] = self.uses.get(id(p), 0) + 1
+                self.last[id(p)] = (p, out, p.numel() * p.element_size())
+        return out
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for handle in self.handles:  # the last forward's: its backward is over
+            handle.remove()
+        self.handles, self.pending = [], {}
+        for key, (param, out, nbytes) in self.last.items():
+            if self.uses[key] > 1:
+                out.register_hook(functools.partial(self._begins, key, nbytes))
+                self.handles.append(param.register_hook(functools.partial(self._ends, key)))  # type: ignore[arg-type]
+        self.uses, self.last = {}, {}
+
+    def _begins(self, key: int, nbytes: int, grad: torch.Tensor) -> None:
+        self.pending[key] = nbytes
+
+    def _ends(self, key: int, grad: torch.Tensor) -> None:
+        self.pending.pop(key, None)
+
+    def pending_bytes(self) -> int:
+        return sum(self.pending.values())

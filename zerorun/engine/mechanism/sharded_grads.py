@@ -82,8 +82,8 @@ class ShardedGradSync(GradSyncBase):
         if not self.free and self.allocated < self.limit:
             self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
             self.free.append(self._new())
-        if not self.free and self.inflight:
-            self.inflight.popleft().wait()  # completion returns its buffer to the free list
+        while not self.free and self.inflight:  # completion returns its buffer to the free list; a coalesced
+            self.inflight.popleft().wait()  # group's reduction (stage 3) returns none: wait for the next one
         if not self.free:
             self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
             self.allocated += 1

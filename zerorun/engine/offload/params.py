@@ -82,7 +82,7 @@ class ParamOffload:
         if self.swapper is None:
             # "not in host memory" as the copier sees it (the deferred stand-in's device is the CPU too)
             if bucket.local is None or not self.copies.on_host(bucket.local) or bucket.local.numel() == 0:
-                bucket.local = self.copies.host_copy(shard)
+                bucket.local = self.copies.host_copy(shard, self.meta[i][1])  # the compute dtype: a master is fp32
             else:
                 self.copies.copy(bucket.local, shard)  # queued from a device; waited for in flush()
             return
