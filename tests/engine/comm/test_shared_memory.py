@@ -249,6 +249,7 @@ def _taken_then_die(rank: int, world: int, planted: str, report: str) -> None:
     opened = coll.open_shared_lane(SLOT_NUMEL)
     coll.all_true(True)
     taken = f"opened={opened} planted={os.path.exists(planted)} own={shared_memory.segment_path(TOKEN, 0).exists()}"
+    coll.all_true(True)  # both ranks have looked before rank 1 frees the name
     os.unlink(planted) if rank == 1 else None
     coll.all_true(True)
     if rank == 1:

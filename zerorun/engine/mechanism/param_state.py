@@ -11,6 +11,9 @@ from enum import Enum
 
 from zerorun.engine.errors import EngineError
 
+# The attribute on a stage-3 parameter that names its bucket (set by the bucket, read by the surfaces).
+BUCKET_ATTR = "zr_bucket"
+
 
 class ParamState(Enum):
     SHARDED = "sharded"  # only this rank's chunk is held; the parameters point at empty placeholders

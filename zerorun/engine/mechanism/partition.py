@@ -47,16 +47,13 @@ from zerorun.engine.comm.quantize import pack, packed_bytes
 from zerorun.engine.comm.quantized import quantized_all_gather
 from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, BucketPlan, FlatBucket, plan_buckets
 from zerorun.engine.mechanism.guard import guard, unguard
-from zerorun.engine.mechanism.param_state import ParamState, check_transition
+from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState, check_transition
 from zerorun.engine.mechanism.placement import to_device
 from zerorun.engine.mechanism.routes import GatherRoutes
 from zerorun.engine.surface import ds_param_attrs
 
 if TYPE_CHECKING:
     from zerorun.engine.mechanism.shard_store import ShardStore
-
-BUCKET_ATTR = "zr_bucket"
-
 
 def bucket_of(param: torch.Tensor) -> PartitionedBucket | None:
     return getattr(param, BUCKET_ATTR, None)

@@ -21,14 +21,26 @@ from rank 0's copy, as ``GatheredParameters(modifier_rank=0)`` does.
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from zerorun.engine.mechanism.param_state import ParamState
-from zerorun.engine.mechanism.partition import PartitionedBucket, bucket_of
+from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState
+
+
+class PartitionedBucket(Protocol):
+    """What these methods use of a stage-3 bucket (:class:`zerorun.engine.mechanism.partition.PartitionedBucket`,
+    whose module imports this one's through :mod:`~zerorun.engine.surface.ds_param_attrs`)."""
+
+    persistent: bool
+    state: ParamState
+    holder: Callable[[Any], bool] | None
+
+    def gather(self, exact: bool = False) -> None: ...
+    def scatter_from(self, src: int) -> None: ...
+    def release(self, keep_views: bool = False) -> None: ...
 
 
 class GatheredHandle:
@@ -42,7 +54,7 @@ def _buckets(param: nn.Parameter, param_list: Iterable[torch.Tensor] | None) -> 
     params = [param] if param_list is None else list(param_list)
     found: dict[int, PartitionedBucket] = {}
     for p in params:
-        b = bucket_of(p)
+        b: PartitionedBucket | None = getattr(p, BUCKET_ATTR, None)
         if b is not None and not b.persistent:
             found[id(b)] = b
     return list(found.values())
