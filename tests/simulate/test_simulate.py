@@ -1,6 +1,7 @@
 """`zerorun simulate`: the real engine as one rank of 64-4096 on torch's fake group, against the estimate.
 
-Meta mode (no storage): the 70B Llama shape at worlds 64, 512 and 4096, stages 0-3.
+Meta mode (no storage): the 70B Llama shape at worlds 512 and 4096, stages 0-3 (the scale the
+project checks layout at: a world of 64, below it, cost a minute of the suite; other tests here run 64).
 
 * Model states per rank equal ``estimate``'s to within the bound
   :func:`~zerorun.simulate.compare.model_state_bound` states: per bucket at most one
@@ -55,7 +56,7 @@ def test_the_70b_shape_is_llama_2_70b() -> None:
     assert shape.param_count() == 68_976_648_192
 
 
-@pytest.mark.parametrize("world_size", [64, 512, 4096])
+@pytest.mark.parametrize("world_size", [512, 4096])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_70b_model_states_and_traffic_match_the_estimate(stage: int, world_size: int) -> None:
     zero = {"stage3_max_reuse_distance": 0} if stage == 3 else {}
