@@ -84,17 +84,22 @@ BUFFER_NAMES = {"reduce_staging": "gradient staging", "gathered_params": "gather
 
 
 def buffer_lines(est: Estimate) -> list[str]:
-    """Every buffer the engine holds beside the model states, one line per stage (the table's ``buf``), in MiB."""
-    lines, seen = [], set()
+    """Every buffer the engine holds beside the model states (the table's ``buf``), in MiB: one line per
+    set of buffers, naming the stages that hold it (and the offload only where a stage's rows differ)."""
+    groups: dict[tuple[tuple[str, int], ...], list[tuple[int, str]]] = {}
     for row in est.rows:
         detail = tuple((k, v) for k, v in row.buffer_detail.items() if v)
-        label = f"stage {row.placement.stage}" + (f", offload {_offload(row.placement)}"
-                                                  if _offload(row.placement) not in ("", "-") else "")
-        if not detail or (label, detail) in seen:
-            continue
-        seen.add((label, detail))
+        where = (row.placement.stage, _offload(row.placement))
+        if detail and where not in groups.setdefault(detail, []):
+            groups[detail].append(where)
+    split = {stage for stage in {s for ws in groups.values() for s, _ in ws}
+             if sum(any(s == stage for s, _ in ws) for ws in groups.values()) > 1}
+    lines = []
+    for detail, wheres in groups.items():
+        labels = dict.fromkeys(f"{s} ({o if o not in ('', '-') else 'no offload'})" if s in split else str(s)
+                               for s, o in wheres)
         cells = ", ".join(f"{BUFFER_NAMES.get(k, k)} {v / 2**20:,.1f}" for k, v in detail)
-        lines.append(f"buffers, {label} (MiB per GPU): {cells}")
+        lines.append(f"buffers, stage{'s' if len(labels) > 1 else ''} {', '.join(labels)} (MiB per GPU): {cells}")
     return lines
 
 
