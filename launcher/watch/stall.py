@@ -47,7 +47,7 @@ class StallPolicy:
     def limit(self, board: Board) -> float:
         alive = board.alive()
         allowance = max(self.setup_s, self.timeout_s or 0.0)
-        if any(s.phase == "exiting" for s in alive):
+        if any(s.phase.startswith("exiting") for s in alive):  # "exiting", "exiting after an error"
             return allowance
         if peer_missing(alive):  # a rank waits on a peer that is not in its collective: a stall in any phase
             return self.stall_s(board)

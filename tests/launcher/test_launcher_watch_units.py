@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from rich.console import Console
 
 from launcher.plan.runners import PayloadMode
@@ -71,6 +73,26 @@ def test_the_summary_says_training_completed_when_a_rank_fails_at_teardown() -> 
     assert ("training completed (last step 7 reported) but rank 1 exited with 134 (SIGABRT) at teardown, "
             "after its script ended: the run counts as failed") in text
     assert "rank 2 exited" not in text and "exit code 134" in text
+
+
+def test_a_rank_ended_by_its_own_error_is_no_teardown_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An uncaught exception also runs the exit path: the rank says so, and the summary does not call
+    the training completed (a crash in step 0 once read "training completed (last step 0 reported)")."""
+    from zerorun.heartbeat import channel
+    from zerorun.heartbeat.state import PROGRESS, Phase
+
+    monkeypatch.setattr(PROGRESS, "phase", PROGRESS.phase)  # restored after: the state is the process's
+    monkeypatch.setattr(sys, "last_value", RuntimeError("boom"), raising=False)
+    channel.say_exiting()
+    assert PROGRESS.phase == Phase.EXITING_AFTER_ERROR
+    monkeypatch.delattr(sys, "last_value")
+    channel.say_exiting()
+    assert PROGRESS.phase == Phase.EXITING
+    b = _board()
+    b.on_beat(1, {"step": 0, "phase": Phase.EXITING_AFTER_ERROR}, 118.0)
+    for r, code in enumerate([143, 1, 0, 0]):
+        b.on_exit(r, code, 120.0)
+    assert "training completed" not in summary(b, 130.0, 1, [], None)
 
 
 def test_the_verdict_names_the_rank_that_is_elsewhere() -> None:

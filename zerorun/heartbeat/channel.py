@@ -171,7 +171,8 @@ def exiting() -> None:
 def say_exiting() -> None:
     """Tell the launcher now that this rank's script has ended (the summary then tells a failure at
     exit from one in training); the engine's exit path says it too, whoever created the group."""
-    PROGRESS.enter(Phase.EXITING)
+    # an uncaught exception sets sys.last_value before atexit runs: then the script did not finish
+    PROGRESS.enter(Phase.EXITING_AFTER_ERROR if getattr(sys, "last_value", None) is not None else Phase.EXITING)
     if _CURRENT is not None and _CURRENT.pid == os.getpid():
         _CURRENT.send()
 

@@ -55,6 +55,8 @@ class Phase:
     LOAD = "checkpoint-load"
     EXITING = "exiting"
     """After the script's end: process groups destroyed, the interpreter torn down."""
+    EXITING_AFTER_ERROR = "exiting after an error"
+    """The same, after an exception the script did not catch ended it (training did not complete)."""
     SCRIPT = "script"
     """Between engine calls: the script's own code (data loading, logging, evaluation)."""
 
