@@ -95,6 +95,8 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         self.throughput = metrics.Throughput(samples_per_step=config.train_batch_size)
         PROGRESS.samples_per_step = int(config.train_batch_size)  # the live view's samples/s
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
+        # read once, not per step: ZERORUN_TRIM_HEAP=0 keeps glibc's free heap (see the step's end)
+        self._trim_heap = ctx.device.type == "cpu" and os.environ.get("ZERORUN_TRIM_HEAP", "1") != "0"
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
         route_zero_grad([module, optimizer], parts.grad_sync)
         fragments.register(self)  # deepspeed.utils.safe_get_full_*(param) find the engine from the parameter
@@ -169,7 +171,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         self._report()
         if self._trial is not None:
             self._trial.step_done()
-        if self.ctx.device.type == "cpu" and os.environ.get("ZERORUN_TRIM_HEAP", "1") != "0":
+        if self._trim_heap:
             # The step's buffers are free now. glibc keeps freed heap chunks of up to 32 MiB resident and
             # serves the next step from a fragmented heap: without a trim, that retention grew the
             # training-step peak by 50-75 MiB per rank over three steps (BENCHMARKS.md, issue 48). The

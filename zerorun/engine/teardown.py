@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import time
@@ -207,16 +208,24 @@ def _running(tid: str) -> bool:
         return False  # gone
 
 
-def foreign_thread_states() -> int:
-    """How many of this interpreter's thread states belong to no Python thread: a C++ thread inside a
-    GIL acquisition (a gloo worker freeing a finished work's tensors waits for the GIL with one)."""
+@functools.cache
+def _thread_state_api() -> Any:
+    """The C-API calls that walk the interpreter's thread states, typed once (quiesce polls every 2 ms)."""
     import ctypes
-    import threading
 
     api = ctypes.pythonapi
     api.PyInterpreterState_Main.restype = ctypes.c_void_p
     api.PyInterpreterState_ThreadHead.restype = api.PyThreadState_Next.restype = ctypes.c_void_p
     api.PyInterpreterState_ThreadHead.argtypes = api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    return api
+
+
+def foreign_thread_states() -> int:
+    """How many of this interpreter's thread states belong to no Python thread: a C++ thread inside a
+    GIL acquisition (a gloo worker freeing a finished work's tensors waits for the GIL with one)."""
+    import threading
+
+    api = _thread_state_api()
     count = 0
     state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Main())  # walked with the GIL held
     while state:
