@@ -156,3 +156,25 @@ def test_measure_counts_the_lane_only_when_the_run_used_it() -> None:
     assert transport.estimated == lane_bytes(4 * (UNIT // 2), 2) == 2 * (192 + 4 * 2 * MiB)  # 2 MiB slots
     assert with_lane[-1].estimated == without[-1].estimated + transport.estimated == physical.estimated
     assert any(n.startswith("transport:") for n in notes)
+
+
+def test_a_cpu_rank_adds_the_runtime_and_what_glibc_keeps_free() -> None:
+    from zerorun.estimate.measure import HOST_RUNTIME, MMAP_THRESHOLD_MAX, allocator_retention, compare
+
+    host = [{"host_peak_rss": 900 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0}] * 2
+    rows, physical, notes = compare(_facts(2, host))
+    terms = {r.term: r.estimated for r in rows}
+    assert terms["host_runtime"] == HOST_RUNTIME
+    assert terms["allocator_retention"] == 2 * 4 * LARGEST_PARAM  # twice the largest gradient freed (fp32)
+    assert physical.estimated == rows[-1].estimated == sum(v for k, v in terms.items() if k != "total")
+    # stage 3 frees a gathered unit too: the larger of the two sets the thresholds
+    at3 = {r.term: r.estimated for r in compare(_facts(3, host))[0]}
+    assert at3["allocator_retention"] == 2 * 4 * max(LARGEST_PARAM, UNIT // 2)
+    # a GPU's peak is the CUDA allocator's: no host rows
+    gpu = [{**h, "device_peak_allocated": MiB} for h in host]
+    assert not {"host_runtime", "allocator_retention"} & {r.term for r in compare(_facts(2, gpu))[0]}
+    # glibc's dynamic thresholds stop at 32 MiB; fixed ones keep what the trim threshold says
+    assert allocator_retention(10**9, {}) == 2 * MMAP_THRESHOLD_MAX
+    assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"}) == 131072
+    assert allocator_retention(10**9, {"MALLOC_MMAP_THRESHOLD_": "65536"}) == 128 * 1024
+    assert any(n.startswith("host:") for n in notes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -169,12 +170,15 @@ def command(
         notes.append(gpu_memory_note(gpu_memory, memory))
     if shape is None:
         notes.append("stage 3 gathers whole blocks; without the shape only the prefetch bucket is counted")
+    # --hpz/--qwz describe stage 3's buffers too (the config's ZeRO++ keys otherwise)
+    zeropp = {"zero_hpz_partition_size": hpz} if hpz > 1 else {}
+    buckets = replace(facts.buckets, **zeropp, **({"zero_quantized_weights": True} if qwz else {}))
     request = EstimateRequest(
         training=Training(psi, gpus * nodes, dtype or facts.dtype or Dtype.BF16, optimizer or facts.optimizer or Optimizer.ADAM,
                           fp32_grad_accum, masters=masters or facts.masters or Masters.FP32),
         gpus_per_node=gpus,
         nodes=nodes,
-        buckets=facts.buckets,
+        buckets=buckets,
         shape=shape,
         activation_policy=ActivationPolicy(activation_checkpointing, flash_attention),
         overhead=parse_bytes(overhead),

@@ -19,6 +19,7 @@ largest bucket and parameter (the in-flight terms' sizes).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -91,6 +92,8 @@ def measured_facts(engine: TrialView) -> dict[str, Any]:
         "largest_param": max((s.numel for b in engine.parts.buckets for s in b.plan.slots), default=0),
         "offload_optimizer": str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)),
         "offload_param": str(getattr(zero.offload_param.device, "value", zero.offload_param.device)),
+        # glibc's tunables: fixed thresholds change what the allocator keeps (estimate.measure.allocator_retention)
+        "allocator_env": {k: v for k, v in os.environ.items() if k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")},
     }
 
 

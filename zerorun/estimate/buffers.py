@@ -10,7 +10,12 @@ Stage 3 adds the gathered parameters at their peak: the unit running now, what i
 prefetched and what forward keeps gathered for backward (``stage3_max_reuse_distance``,
 at most ``stage3_max_live_parameters``: :mod:`zerorun.estimate.stage3_window`), that unit's full gradient before it is
 reduce-scattered, and the small parameters kept gathered under
-``stage3_param_persistence_threshold``.
+``stage3_param_persistence_threshold``. ZeRO++ at stage 3 adds, when its keys are on: hpZ's
+secondary copy (``zero_hpz_partition_size``: the parameters over the node's h ranks, held
+from forward to backward), qwZ's int8 send/receive buffer of every gather in flight
+(``zero_quantized_weights``) and qgZ's int8 send and receive buffers of one reduce-scatter
+plus the fp32 sum of this rank's chunk (``zero_quantized_gradients``). Nothing is counted
+for a ZeRO++ key that is off: the engine allocates nothing for it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from zerorun.estimate.in_flight import StepSizes
 from zerorun.estimate.model_states import Placement, Training
 from zerorun.estimate.shape import ModelShape
 from zerorun.estimate.stage3_window import WindowPolicy, decoder_window
+from zerorun.estimate.topology import quantized_bytes
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,10 @@ class Buckets:
     # stages 0-2 cap their bucket layout at MAX_BUCKET_NUMEL on gloo (the engine's layout_numel); on
     # NCCL, the GPU this estimate is for, the configured reduce_bucket_size holds: None
     layout_cap: int | None = None
+    # ZeRO++ (stage 3): hpZ's secondary group size, qwZ, qgZ
+    zero_hpz_partition_size: int = 1
+    zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
 
     @classmethod
     def from_zero_config(cls, zero: Any) -> Buckets:
@@ -48,7 +58,8 @@ class Buckets:
             for name in cls.__dataclass_fields__
         }
         overlap, cap = values.pop("overlap_comm"), values.pop("layout_cap")
-        return cls(overlap_comm=None if overlap is None else bool(overlap), layout_cap=cap,
+        flags = {k: bool(values.pop(k)) for k in ("zero_quantized_weights", "zero_quantized_gradients")}
+        return cls(overlap_comm=None if overlap is None else bool(overlap), layout_cap=cap, **flags,
                    **{k: int(v) for k, v in values.items()})
 
 
@@ -109,4 +120,23 @@ def buffer_terms(
         terms["unit_gradients"] = sizes.unit * nbytes
         if shape and shape.hidden <= buckets.stage3_param_persistence_threshold:
             terms["persistent_params"] = (2 * shape.layers + 1) * shape.hidden * nbytes  # the norms
+        terms.update(zeropp_terms(training, buckets, sizes, shape))
+    return terms
+
+
+def zeropp_terms(training: Training, buckets: Buckets, sizes: StepSizes, shape: ModelShape | None) -> dict[str, int]:
+    """Stage 3's ZeRO++ buffers, each only when its key is on (see the module docstring)."""
+    terms = {}
+    hpz, world, nbytes = buckets.zero_hpz_partition_size, training.world_size, training.dtype.nbytes
+    if hpz > 1:  # the secondary copy: the non-persistent parameters over the h ranks of the node
+        sharded = training.params
+        if shape:
+            window = decoder_window(shape, world, window_policy(buckets))
+            sharded = window.total_numel - window.persistent_numel
+        terms["hpz_secondary"] = -(-sharded // hpz) * nbytes
+    if buckets.zero_quantized_weights:  # the int8 blocks of every gather in flight, the whole world's chunks
+        terms["qwz_scratch"] = world * quantized_bytes(-(-sizes.gathered // world))
+    if buckets.zero_quantized_gradients:  # send and receive, int8 blocks of a unit; the fp32 sum of one chunk
+        chunk = -(-sizes.bucket // world)
+        terms["qgz_scratch"] = 2 * world * quantized_bytes(chunk) + 4 * chunk
     return terms

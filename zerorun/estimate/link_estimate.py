@@ -94,6 +94,4 @@ def link_lines(est: LinkEstimate) -> list[str]:
     if est.policy.mics > 0:
         lines.append(f"  MiCS model states per rank (sharded over {est.policy.mics}): "
                      f"{human_bytes(sum(est.model_states.values()))}")
-    if not est.policy.plain:
-        lines.append("  (the engine runs plain stage 3 for now: projected, see docs/zeropp.md)")
     return lines

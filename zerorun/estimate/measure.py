@@ -24,6 +24,34 @@ from zerorun.estimate.model_states import Dtype, Offload, Optimizer, Placement, 
 from zerorun.estimate.transport import lane_bytes
 
 TERMS = ("params", "gradients", "master_params", "optimizer_states", "buffers")
+
+HOST_RUNTIME = 34 * 2**20
+"""What a CPU rank's resident set gains in a training step whatever the model: gloo's process group
+and its threads, the autograd engine, the BLAS and oneDNN scratch of the first matmuls, the Python
+objects a first step creates. The CPU's counterpart of the estimate's CUDA overhead; measured as the
+peak less the estimate on a model of 25k parameters, where every engine term is below 2 MiB
+(``python bench/memory.py --world 2 --estimate --hidden 64 --layers 1``: 33-35 MiB at stages 0-3,
+either allocator; torch 2.13, gloo)."""
+
+MMAP_THRESHOLD_MAX = 32 * 2**20
+"""glibc's ceiling of its dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``)."""
+
+
+def allocator_retention(largest_freed: int, env: dict[str, str]) -> int:
+    """Bytes glibc's default allocator may keep free at the top of its heap within a step.
+
+    Its thresholds move (mallopt(3)): freeing an mmapped chunk raises the mmap threshold to that
+    chunk's size (at most :data:`MMAP_THRESHOLD_MAX`) and the trim threshold to twice it, so after
+    the first step a buffer of ``largest_freed`` bytes comes from the heap and up to twice its size
+    stays free there, untrimmed, until the engine trims after the optimizer step. With either
+    threshold fixed through the environment (``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_``)
+    nothing moves: the trim threshold is what may stay (glibc's default 128 KiB when only the mmap
+    threshold is set)."""
+    if "MALLOC_TRIM_THRESHOLD_" in env:
+        return int(env["MALLOC_TRIM_THRESHOLD_"])
+    if "MALLOC_MMAP_THRESHOLD_" in env:
+        return 128 * 1024
+    return 2 * min(largest_freed, MMAP_THRESHOLD_MAX)
 _OPTIMIZERS = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW, "sgd": Optimizer.SGD,
                "sgd-nomomentum": Optimizer.SGD_NO_MOMENTUM}
 
@@ -112,16 +140,29 @@ def compare(facts: dict[str, Any]) -> tuple[list[Comparison], PhysicalPeak | Non
     if facts.get("shared_memory_lane"):  # gloo ranks of one host: the lane's mapped pages are resident too
         rows.append(Comparison("transport", lane_bytes(4 * int(facts.get("largest_bucket") or 0), world), 0))
         notes.append("transport: the shared-memory lane of this host's ranks, mapped by every rank")
-    rows.append(Comparison("total", sum(r.estimated for r in rows), sum(r.measured for r in rows)))
     peaks = [step_peak(figures) for figures in facts.get("physical_per_rank") or []]
+    if peaks and None not in peaks and peaks[0][0].startswith("host"):  # type: ignore[index]
+        rows.extend(host_rows(facts, stage, dtype))
+        notes.append("host: the runtime every CPU rank holds and what glibc keeps free within a step are rows "
+                     "of their own (host_runtime, allocator_retention)")
+    rows.append(Comparison("total", sum(r.estimated for r in rows), sum(r.measured for r in rows)))
     if not peaks or None in peaks:
         notes.append("no physical figures on this platform: only the bookkeeping is compared")
         return rows, None, notes
     physical = PhysicalPeak(peaks[0][0], [p[1] for p in peaks], rows[-1].estimated)  # type: ignore[index]
     if physical.kind.startswith("host"):
         notes.append("physical (CPU): the RSS high-water mark after warm-up less the RSS when zerorun was imported; "
-                     "it also holds the script's data, activations and libraries loaded later (not estimated here)")
+                     "it also holds the script's data and activations (not estimated here)")
     return rows, physical, notes
+
+
+def host_rows(facts: dict[str, Any], stage: int, dtype: Dtype) -> list[Comparison]:
+    """A CPU rank's terms beside the engine's: the runtime and the allocator's retention. The largest
+    buffer a step frees is a parameter's gradient, or at stage 3 a gathered unit (``largest_bucket``)."""
+    largest = max(int(facts.get("largest_param") or 0), int(facts.get("largest_bucket") or 0) if stage == 3 else 0)
+    env = facts.get("allocator_env") or {}
+    return [Comparison("host_runtime", HOST_RUNTIME, 0),
+            Comparison("allocator_retention", allocator_retention(largest * dtype.nbytes, env), 0)]
 
 
 def against_ddp(facts: dict[str, Any]) -> str | None:

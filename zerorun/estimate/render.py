@@ -80,7 +80,9 @@ def per_param_lines(est: Estimate) -> list[str]:
 
 
 BUFFER_NAMES = {"reduce_staging": "gradient staging", "gathered_params": "gathered window (prefetch included)",
-                "unit_gradients": "a unit's gradient in hand", "persistent_params": "persistent parameters"}
+                "unit_gradients": "a unit's gradient in hand", "persistent_params": "persistent parameters",
+                "hpz_secondary": "hpZ secondary copy", "qwz_scratch": "qwZ int8 gathers",
+                "qgz_scratch": "qgZ int8 reduce-scatter"}
 
 
 def buffer_lines(est: Estimate) -> list[str]:
