@@ -125,3 +125,16 @@ def test_the_readme_job_under_the_launcher_exits_0() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=_env(), cwd=ROOT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "terminate called" not in out, out[-3000:]
+
+
+def test_gloo_workers_are_found_by_name_or_as_the_unnamed_native_threads() -> None:
+    """torch names gloo's workers pt_gloo since 2.7; on an older torch they carry the process's name and
+    would be missed, so quiesce would wait for nothing (the exit hang came back on 2.6.0)."""
+    from zerorun.engine.teardown import pick_backend_threads
+
+    named = {"10": "python", "11": "pt_gloo_0", "12": "pt_tcpstore_uv", "13": "python", "14": "pt_gloo_1"}
+    assert pick_backend_threads(named, {"10"}, "10") == ["11", "14"]
+    unnamed = {"10": "python", "11": "python", "12": "pt_tcpstore_uv", "13": "python", "15": "heartbeat"}
+    # 13 is a Python thread (threading), 12 and 15 are named otherwise: 11 is the worker
+    assert pick_backend_threads(unnamed, {"10", "13"}, "10") == ["11"]
+    assert pick_backend_threads({"10": "python"}, {"10"}, "10") == []

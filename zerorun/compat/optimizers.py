@@ -13,6 +13,7 @@ torch's default for CPU tensors is its for-loop, ~8x slower.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,6 +21,10 @@ import torch
 
 from zerorun.engine.training.host_kernel import fuses_on_cpu
 from zerorun.errors import unsupported
+
+# torch 2.7 gave Adam ``decoupled_weight_decay`` (AdamW's update); before it, the decay is applied here, as
+# torch's AdamW applies it (``p *= 1 - lr * wd`` before the Adam update), and Adam runs without it
+_ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters
 
 
 class _DeepSpeedAdam(torch.optim.Adam):
@@ -33,8 +38,9 @@ class _DeepSpeedAdam(torch.optim.Adam):
         self.bias_correction = bias_correction
         self.adam_w_mode = adamw
         params = list(params)
-        kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      decoupled_weight_decay=adamw)
+        kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        if _ADAM_DECOUPLES:
+            kwargs["decoupled_weight_decay"] = adamw
         if fuses_on_cpu(torch.optim.Adam):
             try:
                 super().__init__(params, **kwargs, fused=True)
@@ -45,6 +51,8 @@ class _DeepSpeedAdam(torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        if self.bias_correction and self.adam_w_mode and not _ADAM_DECOUPLES:
+            return self._decoupled_step(closure)
         if self.bias_correction:
             return super().step(closure)
         loss = None
@@ -53,6 +61,27 @@ class _DeepSpeedAdam(torch.optim.Adam):
                 loss = closure()
         for group in self.param_groups:
             self._plain_update(group)
+        return loss
+
+    def _decoupled_step(self, closure: Callable[[], float] | None) -> float | None:
+        """AdamW's update on a torch whose Adam has no ``decoupled_weight_decay``: the decay first, then
+        Adam without it (the group keeps its ``weight_decay`` for everyone who reads it)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        decays = [group["weight_decay"] for group in self.param_groups]
+        try:
+            for group, wd in zip(self.param_groups, decays, strict=True):
+                if wd:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.mul_(1 - group["lr"] * wd)
+                group["weight_decay"] = 0.0
+            super().step()
+        finally:
+            for group, wd in zip(self.param_groups, decays, strict=True):
+                group["weight_decay"] = wd
         return loss
 
     def _plain_update(self, group: dict[str, Any]) -> None:

@@ -189,15 +189,26 @@ QUIESCE_S = 1.0
 
 
 def backend_threads() -> list[str]:
-    """The ids of this process's gloo worker threads (Linux; empty elsewhere)."""
+    """The ids of this process's gloo worker threads (Linux; empty elsewhere). torch names them
+    ``pt_gloo...`` since 2.7; where none is named so (an older torch), every native thread that is
+    no Python thread and carries the process's own name (unnamed) is taken for one: waiting on an
+    idle OpenMP worker too costs nothing, missing a gloo worker is the exit hang."""
     tasks = "/proc/self/task"
-    out = []
+    names: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for tid in os.listdir(tasks):
             with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:
-                if f.read().startswith("pt_gloo"):
-                    out.append(tid)
-    return out
+                names[tid] = f.read().strip()
+    import threading
+
+    return pick_backend_threads(names, {str(t.native_id) for t in threading.enumerate()}, str(os.getpid()))
+
+
+def pick_backend_threads(names: dict[str, str], python: set[str], pid: str) -> list[str]:
+    """Of ``names`` (thread id -> name), gloo's workers: the ``pt_gloo`` ones, else (no thread named so)
+    the unnamed native ones (the process's own name, not in ``python``)."""
+    gloo = [tid for tid, name in names.items() if name.startswith("pt_gloo")]
+    return gloo or [tid for tid, name in names.items() if tid not in python and name == names.get(pid, "")]
 
 
 def _running(tid: str) -> bool:

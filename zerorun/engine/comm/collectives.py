@@ -162,6 +162,8 @@ class Collectives:
     def _run(self, tensor: torch.Tensor, async_op: bool,
              fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
+        if tensor.is_meta:  # a simulated world's storage-less tensor: no data moves (and torch < 2.7 has no
+            return Pending(None)  # Meta kernel for c10d's ops to say so)
         if tensor.device.type == self.device.type:
             self._check_device("a collective", tensor)
             with outside_backward_tls():
@@ -280,6 +282,8 @@ class Collectives:
         if not self._live():
             return self._exchange([], finish, async_op)
         record, start = self._issue(counted_as, send.numel(), send.dtype)
+        if send.is_meta:  # simulated (see _run)
+            return self._exchange([], finish, async_op).traced(record, start)
         if self.native_reduce_scatter:
             self._check_device("all_to_all", send, recv)
             with outside_backward_tls():
