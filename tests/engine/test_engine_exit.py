@@ -128,7 +128,7 @@ def test_the_readme_job_under_the_launcher_exits_0() -> None:
 
 
 def test_gloo_workers_are_found_by_name_or_as_the_unnamed_native_threads() -> None:
-    """torch names gloo's workers pt_gloo since 2.7; on an older torch they carry the process's name and
+    """torch 2.13 names gloo's workers pt_gloo; torch 2.6.0 does not: they carry the process's name and
     would be missed, so quiesce would wait for nothing (the exit hang came back on 2.6.0)."""
     from zerorun.engine.teardown import pick_backend_threads
 

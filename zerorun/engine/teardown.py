@@ -190,7 +190,7 @@ QUIESCE_S = 1.0
 
 def backend_threads() -> list[str]:
     """The ids of this process's gloo worker threads (Linux; empty elsewhere). torch names them
-    ``pt_gloo...`` since 2.7; where none is named so (an older torch), every native thread that is
+    ``pt_gloo...`` (2.13 does, 2.6.0 does not); where none is named so (an older torch), every native thread that is
     no Python thread and carries the process's own name (unnamed) is taken for one: waiting on an
     idle OpenMP worker too costs nothing, missing a gloo worker is the exit hang."""
     tasks = "/proc/self/task"
