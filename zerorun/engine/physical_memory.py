@@ -25,6 +25,7 @@ import ctypes.util
 import gc
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -92,6 +93,41 @@ def trim_heap() -> None:
     with contextlib.suppress(AttributeError):
         if _LIBC is not None:
             _LIBC.malloc_trim(0)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], _Mallinfo2] | None:
+    fn = getattr(_LIBC, "mallinfo2", None)  # glibc >= 2.33
+    if fn is not None:
+        fn.restype = _Mallinfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+TRIM_ABOVE = 32 * 2**20
+"""Free heap, over every arena, below which :func:`trim_heap_if_large` leaves it: what a trim would hand
+back then costs more (the next step faults the pages in again, and the trim walks every arena) than it
+saves; glibc's own trim threshold moves up to twice a 32 MiB buffer anyway."""
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes glibc holds free in all its arenas (``mallinfo2().fordblks``); None where it cannot say."""
+    return None if _MALLINFO2 is None else int(_MALLINFO2().fordblks)
+
+
+def trim_heap_if_large(above: int = TRIM_ABOVE) -> bool:
+    """:func:`trim_heap` when glibc holds more than ``above`` bytes free (always where it cannot say)."""
+    free = free_heap_bytes()
+    if free is not None and free <= above:
+        return False
+    trim_heap()
+    return True
 
 
 def return_freed_memory() -> bool:
