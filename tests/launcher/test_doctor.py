@@ -220,11 +220,13 @@ def test_doctor_checks_the_save_dir_and_the_configs_nvme_path(tmp_path: Path, mo
 
 
 def test_the_probe_finds_nccls_wheel_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.doctor.probe_script import nccl_wheel
+    from launcher.doctor.probe_script import NCCL_WHEELS, nccl_wheel
 
-    info = tmp_path / "nvidia_nccl_cu12-2.21.5.dist-info"
+    # the first name looked up, ahead of any real one on sys.path (torch's CUDA wheels install one)
+    name = NCCL_WHEELS[0]
+    info = tmp_path / f"{name.replace('-', '_')}-2.21.5.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-nccl-cu12\nVersion: 2.21.5\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 2.21.5\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert nccl_wheel() == "2.21.5"
 
