@@ -7,13 +7,15 @@ Systems (``--systems``): zerorun-z0..z3 (``engine.compile(backend=)``: stages 0-
 place, stage 3 each block's forward as one gather unit), fsdp2 (``fully_shard`` per block and the root,
 each block compiled in place first: torchtitan's per-block recipe; the root's own modules, the
 embedding, final norm and tied head, stay eager as they do at zerorun's stage 3) and ds-z0..z3
-(DeepSpeed's ``engine.compile(backend=)``, where ``deepspeed`` imports: DS_ACCELERATOR=cpu on CPU).
+(DeepSpeed's ``engine.compile(backend=)``, where ``deepspeed`` imports: DS_ACCELERATOR=cpu on CPU), and
+torch (no engine and no communication: each rank steps its own replica, compiled whole: the ceiling).
 
 Every arm builds the same GPT-shaped model (tied embeddings, pre-norm blocks of causal attention and
 an MLP) from one seed, reads the same tokens and steps torch's AdamW. The first step of each arm runs
 alone (the compile time is its first step minus the eager arm's); then step s of every arm runs before
 step s+1 of any, so a load change on a shared machine hits all alike. Step time: the slowest rank's,
-median over the steps after the first. Losses: the compiled arm's against its eager arm's, every step.
+median over the steps after the second; ``paired``: the median of the per-step ratios compiled/eager
+(steps run back to back, so it is the figure a varying load disturbs least). Losses: the compiled arm's against its eager arm's, every step.
 Graphs, breaks and recompiles: dynamo's counters over the compiled arm's first two steps.
 Rank 0 prints a table and one ``BENCH_COMPILE`` JSON line.
 """
@@ -157,9 +159,29 @@ def setup_fsdp2(a: argparse.Namespace, compiled: bool) -> Step:
     return step
 
 
+def setup_torch(a: argparse.Namespace, compiled: bool) -> Step:
+    """No engine, no communication: each rank trains its own replica (``model.compile()`` whole when
+    compiled): what compile gives this model's local step by itself, the ceiling for every system."""
+    model = build(a)
+    if compiled:
+        model.compile(backend=a.backend)
+    opt = adamw(model.parameters())
+
+    def step(tokens: torch.Tensor) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, tokens)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
 def setup(a: argparse.Namespace, system: str, compiled: bool) -> Step:
     if system == "fsdp2":
         return setup_fsdp2(a, compiled)
+    if system == "torch":
+        return setup_torch(a, compiled)
     stage = int(system.rsplit("z", 1)[1])
     return (setup_zerorun if system.startswith("zerorun") else setup_deepspeed)(a, stage, compiled)
 
@@ -225,8 +247,16 @@ def summarize(a: argparse.Namespace, out: dict[str, dict]) -> list[dict]:
         me, mc = (statistics.median(r["times"]) if r["times"] else float("nan") for r in (e, c))
         diff = max(abs(x - y) / abs(y) for x, y in zip(c["losses"], e["losses"], strict=False))
         rows.append({"system": s, "eager_ms": 1e3 * me, "compiled_ms": 1e3 * mc, "ratio": mc / me,
+                     "paired": paired(c["times"], e["times"]),
                      "compile_s": c["first"] - e["first"], "max_rel_loss_diff": diff, **c.get("dynamo", {})})
     return rows
+
+
+def paired(times: list[float], base: list[float]) -> float:
+    """The median over steps of ``times[k] / base[k]``: step k of both arms ran back to back, so a load
+    change on a shared machine cancels in each ratio, where a ratio of medians keeps it."""
+    ratios = [t / b for t, b in zip(times, base, strict=False) if t == t and b == b]
+    return statistics.median(ratios) if ratios else float("nan")
 
 
 def main() -> None:
@@ -248,12 +278,16 @@ def main() -> None:
     out = run(a)
     if dist.get_rank() == 0:
         rows = summarize(a, out)
-        print(f"{'system':<12} {'eager ms':>9} {'compiled ms':>12} {'ratio':>6} {'compile s':>10} "
+        print(f"{'system':<12} {'eager ms':>9} {'compiled ms':>12} {'ratio':>6} {'paired':>6} {'compile s':>10} "
               f"{'loss diff':>10} {'graphs':>6} {'breaks':>6} {'recompiles':>10}")
         for r in rows:
             print(f"{r['system']:<12} {r['eager_ms']:9.1f} {r['compiled_ms']:12.1f} {r['ratio']:6.3f} "
-                  f"{r['compile_s']:10.1f} {r['max_rel_loss_diff']:10.2e} {r.get('graphs', 0):6d} "
+                  f"{r['paired']:6.3f} {r['compile_s']:10.1f} {r['max_rel_loss_diff']:10.2e} {r.get('graphs', 0):6d} "
                   f"{r.get('breaks', 0):6d} {r.get('recompiles', 0):10d}")
+        for x, y in (("zerorun-z3", "fsdp2"), ("zerorun-z2", "fsdp2")):
+            if f"{x}+compile" in out and f"{y}+compile" in out:
+                print(f"{x}+compile / {y}+compile, paired: "
+                      f"{paired(out[f'{x}+compile']['times'], out[f'{y}+compile']['times']):.3f}")
         print("BENCH_COMPILE " + json.dumps({"args": vars(a), "rows": rows, "raw": out}), flush=True)
     dist.destroy_process_group()
     os._exit(0)  # DeepSpeed's and the compiler's worker threads: nothing left to flush

@@ -99,3 +99,18 @@ def test_plain_json_still_reads(tmp_path: Path) -> None:
     path = tmp_path / "plain.json"
     path.write_text(json.dumps({**BASE, "steps_per_print": 3}))
     assert load_config(path).steps_per_print == 3
+
+
+def test_compile_block_torch_compile_keys_and_deepcompile_knobs() -> None:
+    """DeepSpeed 0.13.2-0.14.3's ``compile`` keys (torch.compile at initialize) load silently into the schema;
+    DeepCompile's knobs beside them (it off) warn and are dropped; a misspelt key is named."""
+    torch_keys = {"enabled": True, "backend": "aot_eager", "kwargs": {"dynamic": False}}
+    assert _warnings_of({"compile": torch_keys}) == []
+    cfg = load_config({**BASE, "compile": torch_keys})
+    assert (cfg.compile.enabled, cfg.compile.backend, cfg.compile.kwargs) == (True, "aot_eager", {"dynamic": False})
+    assert not load_config(BASE).compile.enabled
+    mixed = {"compile": {"deepcompile": False, "free_activation": True, "enabled": True}}
+    assert [m for m in _warnings_of(mixed) if "DeepCompile" in m]
+    assert load_config({**BASE, **mixed}).compile.enabled
+    with pytest.raises(ConfigError, match="compile.enabeld"):
+        load_config({**BASE, "compile": {"enabeld": True}})

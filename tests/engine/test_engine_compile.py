@@ -13,7 +13,9 @@ engine run eagerly (which the parity tests hold to single-process training):
   becomes one gather unit and its forward one graph, shared by the 3 blocks: dynamo captures
   exactly 1 graph, with no break and no recompile, over 3 training steps;
 * activation checkpointing around each block call, compiled: reentrant at stage 2 (inside the one
-  graph) and stage 3, non-reentrant at stage 3 (the compiled block forward recomputed inside backward).
+  graph) and stage 3, non-reentrant at stage 3 (the compiled block forward recomputed inside backward);
+* the config's ``"compile": {"enabled": true, "backend": ...}`` compiles at ``initialize`` (the same
+  regions, graph and losses), and an ``engine.compile()`` after it (accelerate's) changes nothing.
 
 Losses: equal to eager's within 1e-5 (relative).
 """
@@ -87,16 +89,17 @@ def _gpt_losses(engine, rank: int) -> list[float]:  # noqa: ANN001
     return out
 
 
-def _gpt(stage: int, ac: str, compiled: bool) -> dict:
+def _gpt(stage: int, ac: str, compiled: bool, from_config: bool = False) -> dict:
     import torch._dynamo
 
     import zerorun
 
     torch._dynamo.reset()
     torch.manual_seed(7)
-    engine, _, _, _ = zerorun.initialize(model=Gpt(ac), config=_config(stage))
+    config = {**_config(stage), "compile": {"enabled": True, "backend": "aot_eager"}} if from_config else _config(stage)
+    engine, _, _, _ = zerorun.initialize(model=Gpt(ac), config=config)
     if compiled:
-        engine.compile(backend="aot_eager", compile_kwargs={})  # accelerate's call
+        engine.compile(backend="aot_eager", compile_kwargs={})  # accelerate's call (a no-op after the config's)
     counters = torch._dynamo.utils.counters
     counters.clear()
     losses = _gpt_losses(engine, torch.distributed.get_rank())
@@ -130,6 +133,8 @@ def _compile(rank: int, world: int) -> dict:
     out["toy_stage3_regions"] = engine.compiled_regions
     for stage, ac in ((3, ""), (2, "reentrant"), (3, "reentrant"), (3, "non_reentrant")):
         out["gpt"][(stage, ac)] = {"eager": _gpt(stage, ac, False), "compiled": _gpt(stage, ac, True)}
+    out["from_config"] = {"initialize": _gpt(3, "", False, from_config=True),  # compiled by initialize
+                          "then_compile": _gpt(3, "", True, from_config=True)}  # engine.compile() after: no-op
     return out
 
 
@@ -149,3 +154,8 @@ def test_engine_compile_at_every_stage() -> None:
             if (stage, ac) == (3, ""):
                 # one graph for the 3 blocks, no break inside it, no recompile per block or bucket
                 assert (compiled["graphs"], compiled["breaks"], compiled["recompiles"]) == (1, 0, 0), compiled
+        eager = per_rank["gpt"][(3, "")]["eager"]
+        for how, r in per_rank["from_config"].items():  # "compile": {"enabled": true} compiles at initialize
+            assert r["is_compiled"] and r["regions"] == ["h.0", "h.1", "h.2"], how
+            assert (r["graphs"], r["breaks"], r["recompiles"]) == (1, 0, 0), (how, r)
+            assert r["losses"] == pytest.approx(eager["losses"], rel=1e-5), how

@@ -73,6 +73,19 @@ FEATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 """Key -> (feature, is it on?): an error when on, a warning when off."""
 
+TORCH_COMPILE_KEYS = ("enabled", "backend", "kwargs")
+"""The ``compile`` block's keys the schema reads (DeepSpeed 0.13.2-0.14.3: torch.compile at initialize)."""
+
+DEEPCOMPILE_KEYS = (
+    "deepcompile", "free_activation", "free_activation_threshold", "offload_activation",
+    "offload_activation_pin_memory", "offload_opt_states", "double_buffer", "symmetric_memory", "debug_log",
+    "offload_parameters", "sync_before_reduce", "sync_after_reduce", "sync_before_allgather",
+    "sync_after_allgather", "keep_int_input_tensors", "keep_all_input_tensors", "passes",
+)
+"""The ``compile`` block's DeepCompile keys (DeepSpeed >= 0.16's ``CompileConfig``): refused when
+``deepcompile`` is true, ignored with a warning otherwise. Any other key reaches the schema, which
+names it."""
+
 MODULE_ONLY = {"pipeline": "deepspeed.pipe", "sparse_attention": "DeepSpeed's sparse attention modules"}
 
 EXACT: dict[str, tuple[Any, str]] = {
@@ -114,16 +127,31 @@ def _sum_conflicts(data: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+def _split_compile(data: dict[str, Any]) -> list[Problem]:
+    """The ``compile`` block: DeepCompile's keys out (an error if it is on, else a warning); the
+    torch.compile keys (and any unknown key, for the schema to name) stay."""
+    block = data.get("compile")
+    if not isinstance(block, dict):
+        return []  # absent, or not a block: the schema says so
+    deep = {k: block[k] for k in block if k in DEEPCOMPILE_KEYS}
+    rest = {k: v for k, v in block.items() if k not in DEEPCOMPILE_KEYS}
+    if rest:
+        data["compile"] = rest
+    else:
+        del data["compile"]
+    return [_feature_problem("compile", deep)] if deep else []
+
+
 def strip_compat(data: dict[str, Any]) -> list[Problem]:
     """Remove DeepSpeed-only keys from ``data`` (a copy the caller owns); report them."""
-    problems = _sum_conflicts(data)
+    problems = _sum_conflicts(data) + _split_compile(data)
     for key in IGNORED:
         if key in data:
             del data[key]
             problems.append(Problem(key, "is a DeepSpeed key that zerorun accepts but ignores",
                                     severity=Severity.WARNING))
     for key in FEATURES:
-        if key in data:
+        if key in data and key != "compile":  # its DeepCompile keys are out already (_split_compile)
             problems.append(_feature_problem(key, data.pop(key)))
     for key, module in MODULE_ONLY.items():
         if key in data:

@@ -18,6 +18,7 @@ from zerorun.config.schema_blocks import (
     AmpConfig,
     Bf16Config,
     CheckpointConfig,
+    CompileConfig,
     FlopsProfilerConfig,
     Fp16Config,
     OptimizerConfig,
@@ -124,6 +125,10 @@ class ZerorunConfig(Block):
     )
     zero_force_ds_cpu_optimizer: Bool = Field(
         True, description="Accepted for compatibility; zerorun steps any torch optimizer on offloaded shards."
+    )
+    compile: CompileConfig = Field(
+        default_factory=CompileConfig, description="torch.compile at initialize (enabled, backend, kwargs); "
+                                                   "DeepCompile (deepcompile: true) is refused."
     )
 
     def get(self, key: str, default: Any = None) -> Any:

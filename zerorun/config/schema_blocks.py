@@ -265,3 +265,18 @@ class CheckpointConfig(Block):
         default_factory=CheckpointWriterConfig, description="How files are written; decoupled: true saves in "
                                                             "the background (DeepSpeed's DecoupledCheckpointEngine)."
     )
+
+
+class CompileConfig(Block):
+    """``torch.compile`` at ``initialize`` (DeepSpeed 0.13.2-0.14.3's ``compile`` keys: ``enabled``, ``backend``,
+    ``kwargs``). DeepSpeed's DeepCompile keys (``deepcompile`` and its knobs) are handled before this block:
+    ``deepcompile: true`` is refused, its knobs with it off are ignored with a warning."""
+
+    enabled: Bool = Field(
+        False, description="Compile the model at initialize, as engine.compile(backend, kwargs) would: stages 0-2 "
+                           "the whole module, stage 3 each repeated block's forward (its gathers stay eager)."
+    )
+    backend: Str = Field("inductor", description="torch.compile's backend (inductor, aot_eager, eager, ...).")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="torch.compile's keyword arguments (mode, fullgraph, dynamic, options)."
+    )

@@ -261,7 +261,15 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     _deepspeed_attributes(model, opt, parts)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
+    _compile_if_configured(engine, cfg)
     return engine, opt, _attach_loader(engine, training_data, collate_fn), scheduler
+
+
+def _compile_if_configured(engine: Engine, cfg: ZerorunConfig) -> None:
+    """The config's ``compile.enabled``: ``engine.compile(backend, kwargs)`` now (DeepSpeed 0.13.2-0.14.3 compiled
+    at initialize from these keys); a later ``engine.compile()`` (accelerate's) then does nothing."""
+    if cfg.compile.enabled:
+        engine.compile(backend=cfg.compile.backend, compile_kwargs=dict(cfg.compile.kwargs))
 
 
 def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts) -> None:
@@ -296,4 +304,5 @@ def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module,
     parts = build_inference_parts(model, coll, stage, precision, cfg.zero_optimization, ctx.device)
     ds_param_attrs.sync_all(parts.frozen)
     engine = InferenceEngine(model, None, cfg, ctx, coll, stage, precision, parts)
+    _compile_if_configured(engine, cfg)
     return engine, None, _attach_loader(engine, training_data, collate_fn), None

@@ -16,6 +16,26 @@ engine right after ``initialize``; DeepSpeed compiles the wrapped module in plac
 DeepCompile (the config's ``compile.deepcompile``, and ``schedule=``) is DeepSpeed's own compiler
 pass and is refused; ``compiled_autograd_enabled=True`` is refused too: the engine's gradient
 hooks reduce buckets while backward runs, which a compiled backward graph would not call.
+The config's ``"compile": {"enabled": true, "backend": ..., "kwargs": {...}}`` (DeepSpeed
+0.13.2-0.14.3's keys) calls this at ``initialize``.
+
+What stays eager, and why (measured on the 4-block GPT of ``bench/compile.py``, CPU, 2 gloo ranks:
+``bench/compile_phases.py`` and BENCHMARKS.md):
+
+* the optimizer step: the engine steps the user's optimizer over a few flat shards, so it is a
+  handful of large kernels already (AdamW over the rank's 1.7M elements: ~9 ms, two chunks, of a ~480 ms step);
+  compiling it would recompile per step chunk, and the user's ``fused=True`` gives the one-pass
+  kernel without it (about 1 ms per 1.7M elements);
+* at stage 3 the root's own compute (embedding, final norm, head: about 1% of the step, the head's
+  matmul unchanged by compile): the root's forward loops over the blocks, whose gathers must stay
+  outside every graph; dynamo then skips the root's frame or traces into the blocks' hooks and
+  their sharded parameters;
+* the gathers, reductions and the step's collectives (module and gradient hooks).
+
+On a CPU the matmuls (oneDNN/BLAS either way) are ~65-75% of such a step, so compile's fusions of the
+rest save a few per cent; that bound, not the engine, caps the gain there. On a CPU set
+``ZERORUN_TRIM_HEAP=0`` for compiled training: the per-step heap trim's page faults took all of
+compile's gain at stage 2 on a small GPT (BENCHMARKS.md).
 """
 
 from __future__ import annotations
