@@ -33,9 +33,9 @@ What stays eager, and why (measured on the 4-block GPT of ``bench/compile.py``, 
 * the gathers, reductions and the step's collectives (module and gradient hooks).
 
 On a CPU the matmuls (oneDNN/BLAS either way) are ~65-75% of such a step, so compile's fusions of the
-rest save a few per cent; that bound, not the engine, caps the gain there. On a CPU set
-``ZERORUN_TRIM_HEAP=0`` for compiled training: the per-step heap trim's page faults took all of
-compile's gain at stage 2 on a small GPT (BENCHMARKS.md).
+rest save a few per cent; that bound, not the engine, caps the gain there. The engine's heap trim
+on the CPU skips a heap with little free (a trim every step took all of compile's gain at stage 2
+on a small GPT; BENCHMARKS.md).
 """
 
 from __future__ import annotations
