@@ -125,6 +125,10 @@ ELSEWHERE = [
     ("engine", "`optimizer.parameter_offload`, `optimizer.overflow`, an engine without optimizer, dotted config "
                "keys", "TRL, accelerate",
      "works (tests/engine/test_engine_hf_surface.py, tests/config/test_config_load.py, tests/scripts/test_ds_scripts_trl.py)"),
+    ("engine", "`compile(backend=, compile_kwargs=)`, `is_compiled`, the config's `compile` block "
+               "(`enabled`, `backend`, `kwargs`)", "accelerate (HF Trainer `torch_compile=True`)",
+     "works; stage 3 compiles each repeated block, the root stays eager; `deepcompile: true` refused "
+     "(tests/engine/test_engine_compile.py, tests/scripts/test_ds_scripts_hf.py, tests/compat/test_compat_config.py)"),
 ]
 
 BEGIN, END = "<!-- ds-audit:begin -->", "<!-- ds-audit:end -->"
