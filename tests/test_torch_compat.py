@@ -24,7 +24,7 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
     entries = {"current_graph_task_id", "call_without_subclass", "detached_tls", "tree_leaves", "disable_compile",
                "compiler_runtime_module", "group_timeout_s", "fake_store", "version_counter", "own_parameters",
                "own_buffers", "non_persistent_buffers",
-               "queue_backward_callback", "dcp_one_process"}
+               "queue_backward_callback", "dcp_one_process", "no_torch_function"}
     chosen = entries if request.param == "fallback" else set()
     monkeypatch.setattr(tc, "FORCE_FALLBACK", set(chosen))
     yield chosen
@@ -88,6 +88,18 @@ def test_call_without_subclass_runs_the_op_once_as_on_a_plain_tensor(forced: set
     assert _Guarded.calls == 1  # the op inside did not dispatch back into the subclass
     assert type(out) is torch.Tensor and torch.equal(out, torch.arange(4.0) + 2)
     assert torch.equal(torch.nn.functional.linear(torch.ones(1, 4), p.view(1, 4)), torch.tensor([[6.0]]))
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_no_torch_function_reads_tensors_without_dispatch(forced: set[str]) -> None:
+    p = nn.Parameter(torch.arange(4.0))
+    p.__class__ = _Guarded
+    _Guarded.calls = 0
+    with tc.no_torch_function():
+        read = (p.untyped_storage().nbytes(), p.device.type, p.grad)
+    assert read == (16, "cpu", None)  # the same values either way
+    assert _Guarded.calls == (3 if forced else 0)  # the fallback dispatches as outside
+    assert torch.add(p, 1)[0] == 1 and _Guarded.calls == (4 if forced else 1)  # dispatch is back after the with
 
 
 @pytest.mark.parametrize("forced", PATHS, indirect=True)

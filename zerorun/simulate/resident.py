@@ -43,42 +43,70 @@ class Resident:
     host: int
 
 
-def _children(obj: object) -> Iterable[object]:
-    if isinstance(obj, dict):
-        return [*obj.keys(), *obj.values()]
-    if isinstance(obj, (list, tuple, set, frozenset, deque)):
-        return obj
-    if isinstance(obj, torch.nn.Module):  # its tensors and submodules; not its hook tables
-        return [torch_compat.own_parameters(obj), torch_compat.own_buffers(obj), dict(obj.named_children()),
-                *(v for v in obj.__dict__.values() if isinstance(v, torch.Tensor))]
-    module = type(obj).__module__ or ""
+# how the walk treats an object, by its type (computed once per type): a leaf, a tensor, a mapping (keys
+# and values), a collection (its items), a module (its own tensors and submodules, not its hook tables),
+# or one of the walked objects (its attributes and slots; the slot names come with the kind)
+_LEAF, _TENSOR, _MAPPING, _ITEMS, _MODULE, _OBJECT = range(6)
+_KINDS: dict[type, tuple[int, tuple[str, ...]]] = {}
+
+
+def _kind(cls: type) -> tuple[int, tuple[str, ...]]:
+    if issubclass(cls, _LEAVES) or cls is type(None):
+        return _LEAF, ()
+    if issubclass(cls, torch.Tensor):
+        return _TENSOR, ()
+    if issubclass(cls, dict):
+        return _MAPPING, ()
+    if issubclass(cls, (list, tuple, set, frozenset, deque)):
+        return _ITEMS, ()
+    if issubclass(cls, torch.nn.Module):
+        return _MODULE, ()
+    module = cls.__module__ or ""
     if not module.startswith(_WALKED) and module != "zerorun":
-        return ()
+        return _LEAF, ()
+    return _OBJECT, tuple(n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if isinstance(n, str))
+
+
+def _children(obj: object, kind: int, slots: tuple[str, ...]) -> Iterable[object]:
+    if kind == _MAPPING:
+        return [*obj.keys(), *obj.values()]  # type: ignore[attr-defined]
+    if kind == _ITEMS:
+        return obj  # type: ignore[return-value]
+    if kind == _MODULE:
+        assert isinstance(obj, torch.nn.Module)
+        return [torch_compat.own_parameters(obj), torch_compat.own_buffers(obj), *obj.children(),
+                *(v for v in obj.__dict__.values() if isinstance(v, torch.Tensor))]
     out: list[object] = list(getattr(obj, "__dict__", {}).values())
-    for cls in type(obj).__mro__:
-        for name in getattr(cls, "__slots__", ()):
-            if isinstance(name, str) and hasattr(obj, name):
-                out.append(getattr(obj, name))
+    out.extend(getattr(obj, name) for name in slots if hasattr(obj, name))
     return out
 
 
 def resident(root: object) -> Resident:
-    """The bytes of every storage reachable from ``root``, each once, on the device and on the host."""
+    """The bytes of every storage reachable from ``root``, each once, on the device and on the host.
+
+    Read-only and order-free (a storage's bytes and side are its own): tensor reads skip every
+    ``__torch_function__`` (a stage-3 parameter's guard, :class:`TiedGradients` inside forward)."""
     seen: set[int] = set()
     storages: dict[int, tuple[int, bool]] = {}
-    todo: deque[object] = deque([root])
-    while todo:
-        obj = todo.popleft()
-        if id(obj) in seen or isinstance(obj, _LEAVES) or obj is None:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            storages[storage._cdata] = (storage.nbytes(), is_host(obj))
-            if obj.grad is not None:
-                todo.append(obj.grad)
-            continue
-        todo.extend(_children(obj))
+    todo: list[object] = [root]
+    kinds = _KINDS
+    with torch_compat.no_torch_function():
+        while todo:
+            obj = todo.pop()
+            cls = type(obj)
+            kind, slots = kinds.get(cls) or kinds.setdefault(cls, _kind(cls))
+            if kind == _LEAF or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if kind != _TENSOR:
+                todo.extend(_children(obj, kind, slots))
+                continue
+            storage = obj.untyped_storage()  # type: ignore[attr-defined]
+            if storage._cdata not in storages:
+                storages[storage._cdata] = (storage.nbytes(), is_host(obj))  # type: ignore[arg-type]
+            grad = obj.grad  # type: ignore[attr-defined]
+            if grad is not None:
+                todo.append(grad)
     return Resident(sum(n for n, host in storages.values() if not host),
                     sum(n for n, host in storages.values() if host))
 

@@ -51,6 +51,7 @@ class SimRequest:
     config: dict[str, Any]  # DeepSpeed keys; the batch keys resolve for the simulated world
     steps: int = 2
     seq_len: int = 16
+    resident: bool = True  # on meta: sample the bytes resident on each side (a walk of the engine's objects a look)
 
 
 @dataclass
@@ -162,21 +163,23 @@ def run(req: SimRequest) -> SimResult:
         steps, step_phases, forward_params, kept = [], [], 0, None
         resident = ResidentPeak(engine, lambda: sum(int(c["calls"]) for c in engine.comm_stats().values()),
                                 stride=len(engine.parts.buckets) // RESIDENT_SAMPLES)
-        watch = resident.watching_backward if not cpu else contextlib.nullcontext
-        resident.sample()
-        handles = [] if cpu else resident.watch_gradients(list(module.parameters()))
+        sampled = not cpu and req.resident
+        watch = resident.watching_backward if sampled else contextlib.nullcontext
+        look = resident.sample if sampled else _nothing
+        look()
+        handles = resident.watch_gradients(list(module.parameters())) if sampled else []
         for _ in range(req.steps):
             marks = [_counts(engine.comm_stats())]
             with watch():
                 loss = _phase(phases["forward"], cpu, partial(engine, tokens))
             marks.append(_counts(engine.comm_stats()))
             forward_params, kept = engine.memory_breakdown()["params"], _stage3_figures(engine)[0]
-            resident.sample()
+            look()
             _phase(phases["backward"], cpu, partial(engine.backward, loss))
-            resident.sample()
+            look()
             marks.append(_counts(engine.comm_stats()))
             _phase(phases["step"], cpu, engine.step)
-            resident.sample()
+            look()
             marks.append(_counts(engine.comm_stats()))
             steps.append(_minus(marks[-1], marks[0]))
             step_phases.append({name: _minus(marks[i + 1], marks[i]) for i, name in enumerate(PHASES[1:])})
@@ -192,7 +195,11 @@ def run(req: SimRequest) -> SimResult:
             persistent_numel=persistent,
             setup=setup, steps=steps, step_phases=step_phases, memory=_bookkeeping(engine), forward_params=forward_params,
             kept_numel=kept, peak_live_numel=peak_live, phases=phases, seconds=time.perf_counter() - began,
-            device_model_state_peak=None if cpu else resident.device, host_peak=None if cpu else resident.host)
+            device_model_state_peak=resident.device if sampled else None, host_peak=resident.host if sampled else None)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _unfuse(optimizer: Any) -> None:

@@ -87,10 +87,12 @@ import os, sys, torch
 sys.path.insert(0, {str(REPO)!r})
 from tests.engine.checkpoint.test_checkpoint_cases import CASES, train
 from tests.engine.checkpoint.test_checkpoint_decoupled import build
+from zerorun.engine.checkpoint.decoupled import settle
 root, mode = sys.argv[1], sys.argv[2]
 engine = build(CASES[2], 1)
 train(engine, 0, 1, 0, 2)
 engine.save_checkpoint(root, tag="good")
+settle(engine)  # "good" committed before the pause is armed: the writer reads it after each job's rank file
 train(engine, 0, 1, 2, 1)
 os.environ[{PAUSE_ENV!r}] = "60" if mode == "kill" else "1"
 engine.save_checkpoint(root, tag="next")
