@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zerorun.simulate.host import is_host
-from zerorun.simulate.resident import _LEAVES, _children
+from zerorun.simulate.resident import _LEAVES, children
 
 __all__ = ["OWNERS", "Account", "Held", "PeakAccount", "account", "owner_of"]
 
@@ -145,7 +145,7 @@ def _named(obj: object, path: str) -> Iterable[tuple[object, str]]:
         named += [(b, f"{path}.{k}") for k, b in obj.named_buffers(recurse=False)]
         named += [(m, f"{path}.{k}") for k, m in obj.named_children()]
         return named + [(v, f"{path}.{k}") for k, v in obj.__dict__.items() if isinstance(v, torch.Tensor)]
-    return [(c, f"{path}.{attrs.get(id(c), '?')}") for c in _children(obj)]
+    return [(c, f"{path}.{attrs.get(id(c), '?')}") for c in children(obj)]
 
 
 def account(root: object, label: str = "", physical: bool = True) -> Account:

@@ -81,6 +81,13 @@ def _children(obj: object, kind: int, slots: tuple[str, ...]) -> Iterable[object
     return out
 
 
+def children(obj: object) -> Iterable[object]:
+    """What the walk visits below ``obj`` (nothing below a leaf or a tensor): for other walkers
+    (:mod:`zerorun.simulate.account`)."""
+    kind, slots = _KINDS.get(type(obj)) or _KINDS.setdefault(type(obj), _kind(type(obj)))
+    return () if kind in (_LEAF, _TENSOR) else _children(obj, kind, slots)
+
+
 def resident(root: object) -> Resident:
     """The bytes of every storage reachable from ``root``, each once, on the device and on the host.
 
