@@ -103,6 +103,18 @@ def engine_config(a: argparse.Namespace, stage: int) -> dict:
             "steps_per_print": 10**9, "zero_allow_untested_optimizer": True, "zero_optimization": {"stage": stage}}
 
 
+def plain_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Step:
+    """A step of ``model`` with ``opt`` and no engine (FSDP2's, and the torch-only arm's)."""
+    def step(tokens: torch.Tensor) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, tokens)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
 def engine_step(engine: object) -> Step:
     def step(tokens: torch.Tensor) -> float:
         loss = loss_of(engine, tokens)  # type: ignore[arg-type]
@@ -147,16 +159,7 @@ def setup_fsdp2(a: argparse.Namespace, compiled: bool) -> Step:
             block.compile(backend=a.backend)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = adamw(model.parameters())
-
-    def step(tokens: torch.Tensor) -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, tokens)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
+    return plain_step(model, adamw(model.parameters()))
 
 
 def setup_torch(a: argparse.Namespace, compiled: bool) -> Step:
@@ -165,16 +168,7 @@ def setup_torch(a: argparse.Namespace, compiled: bool) -> Step:
     model = build(a)
     if compiled:
         model.compile(backend=a.backend)
-    opt = adamw(model.parameters())
-
-    def step(tokens: torch.Tensor) -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, tokens)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
+    return plain_step(model, adamw(model.parameters()))
 
 
 def setup(a: argparse.Namespace, system: str, compiled: bool) -> Step:
@@ -252,6 +246,18 @@ def summarize(a: argparse.Namespace, out: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The GPT's shape, the backend and the seed (shared with bench/compile_phases.py)."""
+    p.add_argument("--backend", default="inductor")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--micro", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def paired(times: list[float], base: list[float]) -> float:
     """The median over steps of ``times[k] / base[k]``: step k of both arms ran back to back, so a load
     change on a shared machine cancels in each ratio, where a ratio of medians keeps it."""
@@ -262,15 +268,8 @@ def paired(times: list[float], base: list[float]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="zerorun-z0,zerorun-z1,zerorun-z2,zerorun-z3,fsdp2,ds-z2,ds-z3")
-    p.add_argument("--backend", default="inductor")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--micro", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(a.threads)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.compile import BETAS, EPS, LR, WD, adamw, build, engine_config, loss_of, tokens_for  # noqa: E402
+from bench.compile import BETAS, EPS, LR, WD, adamw, add_model_args, build, engine_config, loss_of, tokens_for  # noqa: E402
 
 PHASES = ("forward", "backward", "step")
 
@@ -112,15 +112,8 @@ def run(a: argparse.Namespace) -> tuple[dict[str, dict], dict[str, str]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stages", default="2,3")
-    p.add_argument("--backend", default="inductor")
     p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--micro", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     p.add_argument("--fused", action="store_true", help="also each arm with AdamW(fused=True)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-rows", type=int, default=25)
