@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_output import own_words
 from zerorun.engine.comm.scheduler_env import JobEnv, first_host, job_env
 from zerorun.engine.errors import EngineError
 
@@ -95,4 +96,4 @@ def test_two_srun_tasks_form_one_world_of_two() -> None:
         for p in procs:
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
-    assert sorted(o.split() for o, _ in outs) == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]
+    assert sorted(own_words(o) for o, _ in outs) == [["0", "2", "0", "2"], ["1", "2", "1", "2"]]

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.child_output import next_own_line
 from tests.dist_harness import run_distributed
 from tests.engine.checkpoint.test_checkpoint_cases import CASES, HALF, STEPS, snapshot, train
 from zerorun.engine.checkpoint import CheckpointError, list_tags
@@ -114,7 +115,7 @@ def test_kill_while_the_writer_writes_keeps_the_previous_tag(tmp_path: Path) -> 
     partial = staging_dir(tmp_path, "next") / rank_file(0)
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "save returned"  # training goes on while the writer writes
+        assert next_own_line(child.stdout) == "save returned"  # training goes on while the writer writes
         deadline = time.monotonic() + 240  # the rank file is fsynced: slow when the disk is busy
         while not partial.exists():  # the writer sits between the durable rank file and the commit
             assert time.monotonic() < deadline, "the writer never wrote its rank file"

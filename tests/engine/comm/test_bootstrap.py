@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_output import own_words
 from zerorun.engine.comm.bootstrap import (
     choose_device_type,
     cuda_index,
@@ -66,7 +67,7 @@ def test_a_cpu_gloo_group_gives_cpu_and_emulated_scatter() -> None:
     proc = subprocess.run([sys.executable, "-c", CPU_GLOO], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[3], timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["cpu", "gloo", "cpu", "False"]
+    assert own_words(proc.stdout) == ["cpu", "gloo", "cpu", "False"]
 
 
 def test_the_cuda_device_is_the_local_rank_or_the_only_visible_one() -> None:
