@@ -178,3 +178,18 @@ def test_a_cpu_rank_adds_the_runtime_and_what_glibc_keeps_free() -> None:
     assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"}) == 131072
     assert allocator_retention(10**9, {"MALLOC_MMAP_THRESHOLD_": "65536"}) == 128 * 1024
     assert any(n.startswith("host:") for n in notes)
+
+
+def test_a_ranks_allocator_environment_is_read_as_a_count_or_not_at_all() -> None:
+    """The rank reports its environment's glibc thresholds: text anyone can set. Only a plain count is read."""
+    from zerorun.estimate.measure import MMAP_THRESHOLD_MAX, allocator_retention, compare
+
+    dynamic = 2 * MMAP_THRESHOLD_MAX
+    for hostile in ("abc", "-5", "1e9", "", " 131072", "\u0661\u0662", "__import__('os')"):
+        assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": hostile}) == dynamic, hostile
+    assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": 131072}) == dynamic  # not text: not read
+    assert allocator_retention(10**9, {"MALLOC_MMAP_THRESHOLD_": "x", "MALLOC_TRIM_THRESHOLD_": "7"}) == 7
+    host = [{"host_peak_rss": 900 * MiB, "host_baseline_rss": 200 * MiB, "host_rss": 0}] * 2
+    for env in (["MALLOC_TRIM_THRESHOLD_"], "MALLOC_TRIM_THRESHOLD_=1", 5, None):
+        rows, _, _ = compare({**_facts(2, host), "allocator_env": env})
+        assert {r.term: r.estimated for r in rows}["allocator_retention"] == 2 * 4 * LARGEST_PARAM, env

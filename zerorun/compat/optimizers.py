@@ -22,8 +22,9 @@ import torch
 from zerorun.engine.training.host_kernel import fuses_on_cpu
 from zerorun.errors import unsupported
 
-# torch 2.7 gave Adam ``decoupled_weight_decay`` (AdamW's update); before it, the decay is applied here, as
-# torch's AdamW applies it (``p *= 1 - lr * wd`` before the Adam update), and Adam runs without it
+# torch's Adam takes ``decoupled_weight_decay`` (AdamW's update) in newer releases, not in 2.6.0; where it does
+# not, the decay is applied here, as torch's AdamW applies it (``p *= 1 - lr * wd`` before the Adam update), and
+# Adam runs without it
 _ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam).parameters
 
 

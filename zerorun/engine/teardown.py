@@ -35,6 +35,7 @@ import contextlib
 import functools
 import gc
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -199,8 +200,6 @@ def backend_threads() -> list[str]:
         for tid in os.listdir(tasks):
             with contextlib.suppress(OSError), open(f"{tasks}/{tid}/comm") as f:
                 names[tid] = f.read().strip()
-    import threading
-
     return pick_backend_threads(names, {str(t.native_id) for t in threading.enumerate()}, str(os.getpid()))
 
 
@@ -234,8 +233,6 @@ def _thread_state_api() -> Any:
 def foreign_thread_states() -> int:
     """How many of this interpreter's thread states belong to no Python thread: a C++ thread inside a
     GIL acquisition (a gloo worker freeing a finished work's tensors waits for the GIL with one)."""
-    import threading
-
     api = _thread_state_api()
     count = 0
     state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Main())  # walked with the GIL held

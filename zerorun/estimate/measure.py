@@ -47,11 +47,18 @@ def allocator_retention(largest_freed: int, env: dict[str, str]) -> int:
     threshold fixed through the environment (``MALLOC_TRIM_THRESHOLD_``/``MALLOC_MMAP_THRESHOLD_``)
     nothing moves: the trim threshold is what may stay (glibc's default 128 KiB when only the mmap
     threshold is set)."""
-    if "MALLOC_TRIM_THRESHOLD_" in env:
-        return int(env["MALLOC_TRIM_THRESHOLD_"])
-    if "MALLOC_MMAP_THRESHOLD_" in env:
+    trim, mmap = (_threshold(env.get(k)) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"))
+    if trim is not None:
+        return trim
+    if mmap is not None:
         return 128 * 1024
     return 2 * min(largest_freed, MMAP_THRESHOLD_MAX)
+
+
+def _threshold(value: object) -> int | None:
+    """A glibc threshold as a rank reported it (its environment: anyone's text), or None when it is not
+    a plain count of bytes (then it is read as unset)."""
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
 _OPTIMIZERS = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW, "sgd": Optimizer.SGD,
                "sgd-nomomentum": Optimizer.SGD_NO_MOMENTUM}
 
@@ -160,7 +167,8 @@ def host_rows(facts: dict[str, Any], stage: int, dtype: Dtype) -> list[Compariso
     """A CPU rank's terms beside the engine's: the runtime and the allocator's retention. The largest
     buffer a step frees is a parameter's gradient, or at stage 3 a gathered unit (``largest_bucket``)."""
     largest = max(int(facts.get("largest_param") or 0), int(facts.get("largest_bucket") or 0) if stage == 3 else 0)
-    env = facts.get("allocator_env") or {}
+    env = facts.get("allocator_env")
+    env = env if isinstance(env, dict) else {}  # a rank's report: anything that is no mapping reads as none
     return [Comparison("host_runtime", HOST_RUNTIME, 0),
             Comparison("allocator_retention", allocator_retention(largest * dtype.nbytes, env), 0)]
 

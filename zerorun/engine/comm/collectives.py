@@ -162,7 +162,7 @@ class Collectives:
     def _run(self, tensor: torch.Tensor, async_op: bool,
              fn: Callable[[torch.Tensor], dist.Work | None]) -> Pending:
         """Run ``fn`` (an in-place collective) on ``tensor``, or on a device copy of it copied back."""
-        if tensor.is_meta:  # a simulated world's storage-less tensor: no data moves (and torch < 2.7 has no
+        if tensor.is_meta:  # a simulated world's storage-less tensor: no data moves (and torch 2.6.0 has no
             return Pending(None)  # Meta kernel for c10d's ops to say so)
         if tensor.device.type == self.device.type:
             self._check_device("a collective", tensor)
