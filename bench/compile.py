@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -33,6 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.compile_llama import Llama  # noqa: E402
 
 Step = Callable[[torch.Tensor], float]
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-8, 0.01
@@ -89,8 +93,10 @@ def tokens_for(a: argparse.Namespace, step: int, rank: int, world: int) -> torch
     return torch.randint(0, a.vocab, (a.micro, a.seq + 1), generator=g)
 
 
-def build(a: argparse.Namespace) -> Gpt:
+def build(a: argparse.Namespace) -> nn.Module:
     torch.manual_seed(a.seed)
+    if a.arch == "llama":
+        return Llama(a)
     return Gpt(a)
 
 
@@ -249,6 +255,8 @@ def summarize(a: argparse.Namespace, out: dict[str, dict]) -> list[dict]:
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The GPT's shape, the backend and the seed (shared with bench/compile_phases.py)."""
     p.add_argument("--backend", default="inductor")
+    p.add_argument("--arch", choices=("gpt", "llama"), default="gpt",
+                   help="gpt: pre-norm blocks on torch's fused kernels; llama: RMSNorm, RoPE, SwiGLU, attention written out")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4)
