@@ -167,10 +167,13 @@ def worker(args: argparse.Namespace) -> None:
     setup_peak = METER.physical_figures(cpu)["host_peak_rss"]
     reset = METER.reset_peak(cpu)
     after_setup = METER.physical_figures(cpu)["host_rss"]
-    losses = [float(step(b)) for b in batches]
+    losses, climb = [], []  # climb: the peak so far after each step (which step set it)
+    for b in batches:
+        losses.append(float(step(b)))
+        climb.append(float(METER.physical_figures(cpu)["host_peak_rss"] - baseline))
     end = METER.physical_figures(cpu)
     local = torch.tensor([end["host_peak_rss"] - baseline, baseline, after_setup, end["host_rss"], setup_peak,
-                          float(reset)], dtype=torch.float64)
+                          float(reset), *climb], dtype=torch.float64)
     gathered = [torch.zeros_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)
     if rank == 0:
@@ -179,7 +182,8 @@ def worker(args: argparse.Namespace) -> None:
             "system": args.worker, "world": world, "losses": losses,
             "peak_bytes_per_rank": [int(r[0]) for r in rows], "baseline_rss_per_rank": [int(r[1]) for r in rows],
             "rss_after_setup_per_rank": [int(r[2]) for r in rows], "rss_end_per_rank": [int(r[3]) for r in rows],
-            "setup_peak_rss_per_rank": [int(r[4]) for r in rows], "peak_was_reset": all(r[5] for r in rows)}),
+            "setup_peak_rss_per_rank": [int(r[4]) for r in rows], "peak_was_reset": all(r[5] for r in rows),
+            "peak_after_step_per_rank": [[int(v) for v in r[6:]] for r in rows]}),
             flush=True)
     dist.barrier()
     dist.destroy_process_group()
