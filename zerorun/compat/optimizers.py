@@ -31,6 +31,8 @@ _ADAM_DECOUPLES = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam
 class _DeepSpeedAdam(torch.optim.Adam):
     """torch Adam(W) with DeepSpeed's constructor and an optional bias-correction-free update."""
 
+    zerorun_adam_state = True  # its step reads torch's Adam keys alone: the engine may make them up front
+
     def __init__(self, params: Iterable[Any], lr: float, bias_correction: bool, betas: tuple[float, float],
                  eps: float, weight_decay: float, amsgrad: bool, adamw: bool) -> None:
         if amsgrad:

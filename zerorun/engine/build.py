@@ -47,6 +47,7 @@ from zerorun.engine.offload.host import device_buckets
 from zerorun.engine.offload.host_grads import grad_home
 from zerorun.engine.offload.params import ParamOffload
 from zerorun.engine.policy import StagePolicy
+from zerorun.engine.training.optimizer_state import make_adam_state
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig
@@ -186,6 +187,8 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         staging = bucket_size * (2 if reduce.overlap_comm else 1)
         grad_sync = policy.grad_sync(layout.buckets, coll, replace(reduce, staging_numel=staging), home=home)
     masters.bind_optimizer(optimizer, layout.group_of_bucket)
+    if not (offload and offload.nvme_path):  # NVMe: the swapper owns the state's residency
+        make_adam_state(optimizer)  # before training, not between the first step's temporaries
     if precision.compensation != "none":
         masters.set_compensation(Compensation(precision.compensation, coll.rank, ctx.device))
     hooks = grad_hooks(layout.buckets, grad_sync)
