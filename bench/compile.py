@@ -279,7 +279,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     add_model_args(p)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--trim-heap", action="store_true",
+                   help="keep the engine's heap trim (off here: in one process of many arms it is interference)")
     a = p.parse_args()
+    if not a.trim_heap:
+        # The engine hands glibc's free heap back around its steps when much is free, process-wide: with a
+        # dozen models alive one arm's trim returns pages the next arm's eager step faults in again: with it,
+        # the job's first arm's eager step ran 20-25% faster than the later arms' (BENCHMARKS.md, issue 49's
+        # third part), without it not. A job of one model has no other arm to disturb.
+        os.environ["ZERORUN_TRIM_HEAP"] = "0"
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
     out = run(a)
