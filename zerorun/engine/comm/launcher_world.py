@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from zerorun.errors import ZerorunError
 
@@ -21,7 +20,7 @@ class ContradictingWorld(ZerorunError, RuntimeError):
     """``zero.Init`` would shard over one rank while the launcher started several (a ``RuntimeError``, as DeepSpeed)."""
 
 
-def contradicting_single_rank_group(dp_world_size: int, explicit_process_group: Any = None,
+def contradicting_single_rank_group(dp_world_size: int, explicit_process_group: object = None,
                                     env: Mapping[str, str | None] | None = None) -> str | None:
     """Why a group of ``dp_world_size`` ranks contradicts the launcher's ``WORLD_SIZE`` (``None`` when it does not).
 
@@ -44,7 +43,7 @@ def contradicting_single_rank_group(dp_world_size: int, explicit_process_group: 
             "when a group of one rank is intended.")
 
 
-def check_launcher_world(group_size: int, explicit_group: Any = None) -> None:
+def check_launcher_world(group_size: int, explicit_group: object = None) -> None:
     """Raise :class:`ContradictingWorld` when :func:`contradicting_single_rank_group` finds a contradiction."""
     why = contradicting_single_rank_group(group_size, explicit_group)
     if why is not None:

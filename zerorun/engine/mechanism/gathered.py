@@ -66,7 +66,7 @@ class Init:
 
     def __init__(self, module: nn.Module | None = None, config: Source = None, enabled: bool = True,
                  config_dict_or_path: Source = None, zero_quantized_weights: bool = False,
-                 zero_quantized_nontrainable_weights: bool = False, data_parallel_group: Any = None,
+                 zero_quantized_nontrainable_weights: bool = False, data_parallel_group: object = None,
                  **kwargs: Any) -> None:
         """``zero_quantized_weights``/``zero_quantized_nontrainable_weights``: ZeRO++'s qwZ and quantized
         frozen shards for the parameters built here, as the config keys of the same names ask for all.
