@@ -6,9 +6,12 @@ unwrap_model_for_generation`` and ``deepspeed.runtime.zero.leaf_module_config``,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+
+import pytest
 
 from zerorun.compat.checkpoint_utils import (
     get_layer_ckpt_name_for_rank,
@@ -16,6 +19,7 @@ from zerorun.compat.checkpoint_utils import (
     get_zero_ckpt_name_for_rank,
 )
 from zerorun.compat.params import MultipleAllGatherHandles
+from zerorun.compat.utils import set_log_level_from_string
 
 
 def test_checkpoint_file_names_are_deepspeeds() -> None:
@@ -45,11 +49,16 @@ from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles
 from deepspeed.runtime.zero import unwrap_model_for_generation
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from deepspeed.runtime.zero.leaf_module_config import DEFAULT_LEAF_MODULE_CLASSES, DEFAULT_LEAF_MODULE_NAMES
+from deepspeed.runtime.zero import ZeroParamStatus, TiledLinear
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus as Status
+from deepspeed.utils import set_log_level_from_string, logger
+set_log_level_from_string("ERROR")
 zero = DeepSpeedZeroConfig(**{"leaf_module": {"classes": "my.Class"}, "stage3_module_granularity_threshold": 7})
 print(json.dumps({"cm": callable(unwrap_model_for_generation) and not inspect.ismodule(unwrap_model_for_generation),
                   "shape": partitioned_param_data_shape, "defaults": DeepSpeedZeroConfig().leaf_module.classes
                   == DEFAULT_LEAF_MODULE_CLASSES and DEFAULT_LEAF_MODULE_NAMES == [],
-                  "leaf": zero.leaf_module.classes, "threshold": zero.module_granularity_threshold}))
+                  "leaf": zero.leaf_module.classes, "threshold": zero.module_granularity_threshold,
+                  "status": ZeroParamStatus is Status and callable(TiledLinear), "level": logger.level}))
 """
 
 
@@ -58,4 +67,14 @@ def test_the_names_import_under_deepspeed() -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7}
+    assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7, "status": True,
+                   "level": logging.ERROR}
+
+
+def test_log_level_from_a_name_sets_the_logger_and_its_handlers() -> None:
+    own = logging.getLogger("zerorun-test-level")
+    own.addHandler(logging.NullHandler())
+    set_log_level_from_string("Warning", custom_logger=own)
+    assert own.level == logging.WARNING and own.handlers[0].level == logging.WARNING
+    with pytest.raises(ValueError, match="valid logging levels"):
+        set_log_level_from_string("loud", custom_logger=own)

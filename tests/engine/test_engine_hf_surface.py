@@ -69,7 +69,7 @@ def _mine(t: torch.Tensor, rank: int) -> torch.Tensor:
 
 def _attrs(p: nn.Parameter) -> dict:
     return {"status": p.ds_status.name, "numel": p.ds_numel, "shape": tuple(p.ds_shape), "persist": p.ds_persist,
-            "active": len(p.ds_active_sub_modules), "id": p.ds_id}
+            "active": len(p.ds_active_sub_modules), "id": p.ds_id, "external": p.is_external_param}
 
 
 # ---- ds_* attributes ------------------------------------------------------------------------
@@ -196,6 +196,7 @@ def test_ds_attributes_follow_the_life_cycle(runs: list[dict]) -> None:
             "fc2.bias": "NOT_AVAILABLE", "norm.weight": "AVAILABLE", "norm.bias": "AVAILABLE"}
         assert [rest[n]["persist"] for n in ("fc1.weight", "norm.weight")] == [False, True]
         assert all(v["active"] == 0 for v in rest.values())
+        assert not any(v["external"] for v in rest.values())  # no parameter is another module's external one
         assert len({v["id"] for v in rest.values()}) == len(rest)
         # as fc2's forward starts its parameters are gathered and fc2's unit is the active one
         assert {v["status"] for v in a["in_forward"].values()} == {"AVAILABLE"}

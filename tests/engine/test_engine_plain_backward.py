@@ -8,7 +8,8 @@ Semantics under test (see zerorun/engine/mechanism/grad_sync.py):
 * ``model.zero_grad()``, ``optimizer.zero_grad()`` (the optimizer ``initialize`` returns)
   and ``engine.zero_grad()`` drop every gradient accumulated since the last step, whether
   it came from a plain backward or from ``engine.backward``;
-* fp16 loss scaling with a plain backward is refused with a clear error at the step.
+* fp16 loss scaling with a plain backward is refused with a clear error at the step;
+  ``engine.scale(loss).backward()`` (DeepSpeed's manual backward) is ``engine.backward(loss)``.
 
 SGD with momentum (not Adam, whose scale invariance would hide a missing or doubled
 factor); fp32, so the tolerance is the parity tests' rtol 1e-5. One spawned group per
@@ -124,7 +125,28 @@ def reference(case: PlainCase, world: int) -> tuple[list[torch.Tensor], list[tor
 def _train_all(rank: int, world: int) -> dict:
     out = {c.name: train(c, rank, world) for c in _cases(world)}
     out["fp16-error"] = _fp16_plain_backward_error(rank, world)
+    out["fp16-scaled"] = _fp16_scaled_backward_gap(rank, world)
     return out
+
+
+def _fp16_scaled_backward_gap(rank: int, world: int) -> float:
+    """DeepSpeed's manual backward, ``engine.scale(loss).backward()`` at gas 2 under fp16 loss scaling: the
+    weights after one step, against ``engine.backward(loss)``'s (the largest difference)."""
+    import zerorun
+
+    cfg = PlainCase(2, "plain", 2).config() | {"fp16": {"enabled": True, "initial_scale_power": 4}}
+    weights = []
+    for manual in (False, True):
+        engine, _, _, _ = zerorun.initialize(model=make_model(), config=cfg)
+        for k in range(2):
+            x, y = global_batch(k, MICRO_BATCH * world)
+            loss = loss_fn(engine(x[rank_rows(0, rank, world)].to(engine.precision.compute_dtype)),
+                           y[rank_rows(0, rank, world)])
+            engine.scale(loss).backward() if manual else engine.backward(loss)
+            engine.step()
+        weights.append([p.detach().float().clone() for p in engine.module.parameters()])
+        engine.destroy()
+    return max((a - b).abs().max().item() for a, b in zip(*weights, strict=True))
 
 
 def _fp16_plain_backward_error(rank: int, world: int) -> str:
@@ -168,6 +190,13 @@ def test_plain_backward_under_fp16_loss_scaling_is_refused(runs: tuple[int, list
     _, results = runs
     for rank, r in enumerate(results):
         assert r["fp16-error"].startswith(f"[rank {rank}]") and "engine.backward(loss)" in r["fp16-error"], r
+
+
+def test_engine_scale_then_plain_backward_is_engine_backward(runs: tuple[int, list[dict]]) -> None:
+    """``engine.scale(loss).backward()`` (DeepSpeed's manual backward) applies the loss scale and the 1/gas
+    that ``engine.backward`` applies, and the step takes it as scaled."""
+    _, results = runs
+    assert [r["fp16-scaled"] for r in results] == [0.0] * len(results)
 
 
 def test_routed_zero_grad_survives_deepcopy_and_pickle() -> None:

@@ -35,6 +35,29 @@ if not logger.handlers:  # DeepSpeed's logger prints INFO to stdout with its own
     logger.propagate = False
 
 
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
+              "critical": logging.CRITICAL}
+"""The level names ``set_log_level_from_string`` takes (DeepSpeed's five)."""
+
+
+def get_log_level_from_string(log_level_str: str) -> int:
+    """The ``logging`` level a name stands for (``"info"`` -> ``logging.INFO``), case-insensitive."""
+    level = LOG_LEVELS.get(log_level_str.lower())
+    if level is None:
+        raise ValueError(f"{log_level_str} is not one of the valid logging levels. "
+                         f"Valid log levels are {list(LOG_LEVELS)}.")
+    return level
+
+
+def set_log_level_from_string(log_level_str: str, custom_logger: logging.Logger | None = None) -> None:
+    """Set ``custom_logger`` (by default DeepSpeed's ``logger``) and its handlers to the named level."""
+    level = get_log_level_from_string(log_level_str)
+    target = logger if custom_logger is None else custom_logger
+    target.setLevel(level)
+    for handler in target.handlers:
+        handler.setLevel(level)
+
+
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -144,10 +167,11 @@ def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, opt
     fragments.set_local(_local_engine(param, "safe_set_local_optimizer_state"), param, value, optim_state_key)
 
 
-__all__ = ["RepeatingLoader", "get_z3_leaf_modules", "log_dist", "logger", "print_json_dist", "safe_get_full_fp32_param",
+__all__ = ["RepeatingLoader", "get_log_level_from_string", "get_z3_leaf_modules", "log_dist", "logger",
+           "print_json_dist", "safe_get_full_fp32_param",
            "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
            "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param",
            "safe_set_full_grad", "safe_set_full_optimizer_state", "safe_set_local_fp32_param",
            "safe_set_local_grad", "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized",
-           "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
+           "set_log_level_from_string", "set_z3_leaf_module", "set_z3_leaf_modules", "set_z3_leaf_modules_by_name",
            "set_z3_leaf_modules_by_suffix", "unset_z3_leaf_modules", "z3_leaf_module", "z3_leaf_parameter"]

@@ -53,7 +53,8 @@ class Init(zero.Init):
                 unsupported(f"zero.Init({what})")
         super().__init__(module=module, config=config, enabled=enabled, config_dict_or_path=config_dict_or_path,
                          zero_quantized_weights=zero_quantized_weights,
-                         zero_quantized_nontrainable_weights=zero_quantized_nontrainable_weights)
+                         zero_quantized_nontrainable_weights=zero_quantized_nontrainable_weights,
+                         data_parallel_group=data_parallel_group)
 
 
 def _is_hpz_group(group: Any, config: Any) -> bool:

@@ -27,7 +27,7 @@ from zerorun.engine import metrics, physical_memory, teardown
 from zerorun.engine.build import Parts
 from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
-from zerorun.engine.errors import EngineError
+from zerorun.engine.errors import DeepSpeedAssertion, EngineError
 from zerorun.engine.mechanism.grad_sync import route_zero_grad
 from zerorun.engine.mechanism.masters import optimizer_state_bytes
 from zerorun.engine.numerics import loss_scaler
@@ -125,6 +125,17 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         sync.finish_backward()
         return loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed's manual backward, ``engine.scale(loss).backward()``: ``loss`` times the loss scale (fp16's;
+        1 otherwise) divided by the accumulation steps, as DeepSpeed scales a direct backward; the plain
+        backward that follows counts as scaled, so the step unscales it as after ``engine.backward(loss)``."""
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.grad_fn is not None):
+            raise DeepSpeedAssertion("loss must be a scalar tensor with grad_fn. For non-scalar tensors, use "
+                                     "tensor.backward(grad)", "pass the scalar loss the module's output gives")
+        self.parts.grad_sync.scaled_ahead = True
+        factor = self.scaler.scale / self.gradient_accumulation_steps()
+        return loss * factor if factor != 1.0 else loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """Count a micro-step; on the accumulation boundary, take the optimizer step."""

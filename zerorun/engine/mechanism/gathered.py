@@ -66,10 +66,14 @@ class Init:
 
     def __init__(self, module: nn.Module | None = None, config: Source = None, enabled: bool = True,
                  config_dict_or_path: Source = None, zero_quantized_weights: bool = False,
-                 zero_quantized_nontrainable_weights: bool = False, **kwargs: Any) -> None:
+                 zero_quantized_nontrainable_weights: bool = False, data_parallel_group: object = None,
+                 **kwargs: Any) -> None:
         """``zero_quantized_weights``/``zero_quantized_nontrainable_weights``: ZeRO++'s qwZ and quantized
-        frozen shards for the parameters built here, as the config keys of the same names ask for all."""
+        frozen shards for the parameters built here, as the config keys of the same names ask for all.
+        ``data_parallel_group``: a group the caller passed (the whole world: zerorun shards over no other);
+        given, a world of one rank is taken as intended (zerorun.engine.comm.launcher_world)."""
         self.config = config if config is not None else config_dict_or_path
+        self.explicit_group = data_parallel_group
         self.enabled = enabled
         self.quantized = (zero_quantized_weights, zero_quantized_nontrainable_weights)
         self.coll: Collectives | None = None  # the group the parameters are sharded over (MiCS's, or the world)
@@ -90,12 +94,14 @@ class Init:
         from zerorun.engine.comm.bootstrap import init_distributed
         from zerorun.engine.comm.collectives import Collectives
         from zerorun.engine.comm.groups import build_groups
+        from zerorun.engine.comm.launcher_world import check_launcher_world
 
         ctx = init_distributed()
         shards, mics = _sharding(self.config, ctx.world_size)
         if not shards:
             self.enabled = False
             return self
+        check_launcher_world(ctx.world_size, self.explicit_group)  # a world of one under a launcher of several
         self.world = Collectives(ctx.group, ctx.world_size, ctx.rank)  # at world 1 too: the backend's policy
         # MiCS: sharded inside the shard group already, so initialize adopts these buckets as they are
         self.coll = build_groups(self.world, 1, mics, False).shard if mics else self.world

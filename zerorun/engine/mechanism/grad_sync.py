@@ -133,6 +133,7 @@ class GradSyncBase:
         self.sync = True
         self.armed = False  # a backward pass is in progress
         self.unscaled_passes = 0  # plain loss.backward() passes since the last zero()
+        self.scaled_ahead = False  # engine.scale(loss) ran: the next plain pass is scaled
         self.boundary: Callable[[], bool] = lambda: True  # the engine's "is this the boundary micro-step?"
         self.used: set[tuple[int, int]] = set()  # (bucket, slot) with a gradient this window (require_all_used)
         self.pre = 1.0 / policy.predivide if policy.average else 1.0
@@ -147,7 +148,8 @@ class GradSyncBase:
     def on_grad_ready(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         if not self.armed:  # a plain loss.backward(): arm now, finish when autograd is done
             self.prepare_backward(self.boundary())
-            self.unscaled_passes += 1
+            self.unscaled_passes += 0 if self.scaled_ahead else 1
+            self.scaled_ahead = False
             torch_compat.queue_backward_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
         if self.policy.require_all_used:

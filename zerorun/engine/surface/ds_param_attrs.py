@@ -18,6 +18,8 @@ state transition (:meth:`~zerorun.engine.mechanism.partition.PartitionedBucket._
 * ``ds_persist``: the bucket is under ``stage3_param_persistence_threshold`` and never released;
 * ``ds_active_sub_modules``: the units whose forward is running with this parameter gathered
   (a live view of the gather coordinator's stack);
+* ``is_external_param``: ``False`` (DeepSpeed's flag for a parameter registered on a module that does not
+  own it; zerorun registers none: ``register_external_parameter`` is refused);
 * the methods ``all_gather``, ``all_gather_coalesced`` and ``partition``
   (:mod:`zerorun.engine.surface.ds_param_methods`).
 
@@ -134,6 +136,7 @@ def sync(bucket: PartitionedBucket) -> None:
         d["ds_shape"] = slot.shape
         d["ds_persist"] = bucket.persistent
         d["ds_tensor"] = _part_of_shard(bucket, slot.offset, slot.numel)
+        d["is_external_param"] = False  # zerorun registers no parameter on a module that does not own it
 
 
 @torch_compat.disable_compile  # plain attribute writes on parameters: dynamo cannot trace them, so not in a graph

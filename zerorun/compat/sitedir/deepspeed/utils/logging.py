@@ -1,3 +1,8 @@
 """``deepspeed.utils.logging`` -> :mod:`zerorun.compat.utils` (DeepSpeed's logger and ``log_dist``)."""
 
-from zerorun.compat.utils import log_dist, logger  # noqa: F401
+from zerorun.compat.utils import (  # noqa: F401
+    get_log_level_from_string,
+    log_dist,
+    logger,
+    set_log_level_from_string,
+)

@@ -11,4 +11,7 @@ from zerorun.compat.tensor_constructors import (  # noqa: F401  names transforme
     zero_wrapper_for_fp_tensor_constructor,
 )
 from zerorun.compat.zero_init import Init, register_external_parameter  # noqa: F401
+from zerorun.engine.comm.launcher_world import (  # noqa: F401  the check zero.Init runs, by DeepSpeed's name
+    contradicting_single_rank_group as _contradicting_single_rank_pg_error,
+)
 from zerorun.zero import GatheredParameters  # noqa: F401
