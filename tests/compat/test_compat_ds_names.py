@@ -1,7 +1,9 @@
 """Names whose absence stopped whole DeepSpeed test files importing, and the generation context manager:
 ``deepspeed.checkpoint.utils.get_model_ckpt_name_for_rank`` (and siblings), ``deepspeed.runtime.zero.
 partition_parameters.MultipleAllGatherHandles`` / ``partitioned_param_data_shape``, ``deepspeed.runtime.zero.
-unwrap_model_for_generation`` and ``deepspeed.runtime.zero.leaf_module_config``, under ``import deepspeed``."""
+unwrap_model_for_generation`` and ``deepspeed.runtime.zero.leaf_module_config``, under ``import deepspeed``; and
+``InsertPostInitMethodToModuleSubClasses`` (the base of ``zero.Init``, with no ``linear_bk``: no torch function is
+replaced) and ``zero3_linear_wrap`` (torch's linear)."""
 
 from __future__ import annotations
 
@@ -45,11 +47,18 @@ from deepspeed.runtime.zero.partition_parameters import MultipleAllGatherHandles
 from deepspeed.runtime.zero import unwrap_model_for_generation
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from deepspeed.runtime.zero.leaf_module_config import DEFAULT_LEAF_MODULE_CLASSES, DEFAULT_LEAF_MODULE_NAMES
+from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses, zero3_linear_wrap
+import deepspeed, torch
+x, w, b = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
+linear = {"base": issubclass(deepspeed.zero.Init, InsertPostInitMethodToModuleSubClasses),
+          "no_backup": not hasattr(InsertPostInitMethodToModuleSubClasses, "linear_bk"),
+          "same": torch.equal(zero3_linear_wrap(x, w, b), torch.nn.functional.linear(x, w, b)),
+          "torchs": torch.nn.functional.linear is torch._C._nn.linear}
 zero = DeepSpeedZeroConfig(**{"leaf_module": {"classes": "my.Class"}, "stage3_module_granularity_threshold": 7})
 print(json.dumps({"cm": callable(unwrap_model_for_generation) and not inspect.ismodule(unwrap_model_for_generation),
                   "shape": partitioned_param_data_shape, "defaults": DeepSpeedZeroConfig().leaf_module.classes
                   == DEFAULT_LEAF_MODULE_CLASSES and DEFAULT_LEAF_MODULE_NAMES == [],
-                  "leaf": zero.leaf_module.classes, "threshold": zero.module_granularity_threshold}))
+                  "leaf": zero.leaf_module.classes, "threshold": zero.module_granularity_threshold, **linear}))
 """
 
 
@@ -58,4 +67,5 @@ def test_the_names_import_under_deepspeed() -> None:
     proc = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7}
+    assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7,
+                   "base": True, "no_backup": True, "same": True, "torchs": True}

@@ -174,7 +174,8 @@ def _returned(rank: int, world: int) -> dict:
                    for a, b in zip(engine.module.parameters(), plain.parameters(), strict=True))
     return {"seen": c.attn.seen, "same": same, "hooks": len(c.attn.inner.bias._backward_hooks or {}),
             "external": [len(m._external_params) for m in (engine.module, c, c.attn, c.attn.inner)],
-            "listed": [p is c.attn.inner.bias for _, p in c.ds_external_parameters()]}
+            "listed": [p is c.attn.inner.bias for _, p in c.ds_external_parameters()],
+            "linear": torch.nn.functional.linear is torch._C._nn.linear}  # memory_efficient_linear is on: unpatched
 
 
 def _all(rank: int, world: int) -> dict:
@@ -198,7 +199,7 @@ def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
         assert m["edited"].tolist() == [10.0 * i for i in range(1, 8)]  # rank 0's edit, on every rank
         ret = r["returned"]
         assert ret["seen"] == ["AVAILABLE"] * 3  # whole in the caller, the first step too
-        assert ret["same"] and ret["hooks"] == 0
+        assert ret["same"] and ret["hooks"] == 0 and ret["linear"]
         assert ret["external"] == [0, 1, 0, 0] and ret["listed"] == [True]  # the caller's caller records it
     assert sum(r["skip_init"]["shard"] for r in results) == H * H  # each rank holds its part of l1.weight
     for a, b in zip(results[0]["skip_init"]["full"], results[1]["skip_init"]["full"], strict=True):

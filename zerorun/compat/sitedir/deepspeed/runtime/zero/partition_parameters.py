@@ -10,5 +10,10 @@ from zerorun.compat.tensor_constructors import (  # noqa: F401  names transforme
     _orig_torch_zeros,
     zero_wrapper_for_fp_tensor_constructor,
 )
-from zerorun.compat.zero_init import Init, register_external_parameter  # noqa: F401
+from zerorun.compat.zero_init import (  # noqa: F401
+    Init,
+    InsertPostInitMethodToModuleSubClasses,
+    register_external_parameter,
+    zero3_linear_wrap,
+)
 from zerorun.zero import GatheredParameters  # noqa: F401
