@@ -13,7 +13,10 @@
 * a submodule that returns its own bias to its caller (``return out, self.bias``): the bias is whole
   (``ds_status`` AVAILABLE) in the caller from the first step, the caller's caller records it in
   ``_external_params`` as DeepSpeed does, no gradient hook piles up on it, and training equals plain
-  PyTorch on the global batch.
+  PyTorch on the global batch;
+* every module's parameter dict is DeepSpeed's stage-3 ``ZeROOrderedDict`` (the original kept as
+  ``_original_parameters``), in a training and a forward-only engine, and a module attached after
+  ``initialize`` is converted too.
 """
 
 from __future__ import annotations
@@ -172,10 +175,19 @@ def _returned(rank: int, world: int) -> dict:
     with zerorun.zero.GatheredParameters(list(engine.module.parameters())):
         same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
                    for a, b in zip(engine.module.parameters(), plain.parameters(), strict=True))
+    dicts = [type(m._parameters).__name__ for m in engine.module.modules()]
+    originals = [type(m._original_parameters) is dict and m._original_parameters == dict(m._parameters)
+                 for m in engine.module.modules()]
+    c.attn.late = nn.Linear(H, H)  # attached after initialize: converted as it is attached
+    dicts.append(type(c.attn.late._parameters).__name__)
+    forward_only, *_ = zerorun.initialize(model=nn.Linear(H, H), config={"train_micro_batch_size_per_gpu": 1,
+                                                                         "zero_optimization": {"stage": 3}})
+    dicts.append(type(forward_only.module._parameters).__name__)
     return {"seen": c.attn.seen, "same": same, "hooks": len(c.attn.inner.bias._backward_hooks or {}),
             "external": [len(m._external_params) for m in (engine.module, c, c.attn, c.attn.inner)],
             "listed": [p is c.attn.inner.bias for _, p in c.ds_external_parameters()],
-            "linear": torch.nn.functional.linear is torch._C._nn.linear}  # memory_efficient_linear is on: unpatched
+            "linear": torch.nn.functional.linear is torch._C._nn.linear,  # memory_efficient_linear is on
+            "dicts": dicts, "originals": originals}
 
 
 def _all(rank: int, world: int) -> dict:
@@ -200,6 +212,7 @@ def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
         ret = r["returned"]
         assert ret["seen"] == ["AVAILABLE"] * 3  # whole in the caller, the first step too
         assert ret["same"] and ret["hooks"] == 0 and ret["linear"]
+        assert set(ret["dicts"]) == {"ZeROOrderedDict"} and len(ret["dicts"]) == 7 and all(ret["originals"])
         assert ret["external"] == [0, 1, 0, 0] and ret["listed"] == [True]  # the caller's caller records it
     assert sum(r["skip_init"]["shard"] for r in results) == H * H  # each rank holds its part of l1.weight
     for a, b in zip(results[0]["skip_init"]["full"], results[1]["skip_init"]["full"], strict=True):

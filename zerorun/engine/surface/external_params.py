@@ -15,35 +15,20 @@ against DeepSpeed read:
   the second pass on.
 
 The running modules are read from the Python frames of ``nn.Module.__call__`` on this
-thread, only when a module returns a parameter (rare): forwards that return activations
-pay one ``isinstance`` per output.
+thread (:func:`zerorun.torch_compat.running_modules`), only when a module returns a
+parameter (rare): forwards that return activations pay one ``isinstance`` per output.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 from torch import nn
 
+from zerorun.torch_compat import running_modules
+
 if TYPE_CHECKING:
     from collections.abc import ItemsView
-
-# Every ``module(...)`` runs in a frame of this code (``nn.Module.__call__``); ``_call_impl`` on a torch without it.
-_CALL = getattr(nn.Module, "_wrapped_call_impl", nn.Module._call_impl).__code__
-
-
-def running_modules() -> list[nn.Module]:
-    """The modules whose forward is under way on this thread, innermost first."""
-    out: list[nn.Module] = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _CALL:
-            module = frame.f_locals.get("self")
-            if isinstance(module, nn.Module):
-                out.append(module)
-        frame = frame.f_back
-    return out
 
 
 def _external_items(module: nn.Module) -> ItemsView[int, nn.Parameter]:

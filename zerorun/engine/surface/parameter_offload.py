@@ -30,10 +30,18 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from zerorun.engine.mechanism.gather import GatherCoordinator, Unit
-from zerorun.engine.surface import external_params
+from zerorun.engine.surface import external_params, zero_ordered_dict
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
+
+
+def install_module_surface(module: nn.Module, coordinator: GatherCoordinator) -> None:
+    """What DeepSpeed's stage 3 puts on every module of its model, training or forward-only: the record of
+    external parameters, and ``ZeROOrderedDict`` as each parameter dict (late-attached modules too)."""
+    external_params.install(module)
+    coordinator.on_returned = external_params.record_returned
+    zero_ordered_dict.install(module)
 
 
 class TraceHandle:
@@ -70,6 +78,7 @@ class ParameterOffload:
         self._coordinator = coordinator
         self._units = units
         external_params.install(module)
+        zero_ordered_dict.install(module)  # every module's parameter dict is DeepSpeed's stage-3 type
         coordinator.on_returned = external_params.record_returned
 
     @property
