@@ -20,7 +20,6 @@ parameters stay whole and outside the optimizer.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from torch import nn
 from torch.nn.modules.module import register_module_module_registration_hook
@@ -33,13 +32,13 @@ _hooked: list[bool] = [False]  # the registration hook is process-wide: installe
 class ZeROOrderedDict(OrderedDict):
     """``ZeROOrderedDict(parent_module, ...)``: an ``OrderedDict`` of a stage-3 module's own parameters."""
 
-    def __init__(self, parent_module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, parent_module: nn.Module | None = None, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._parent_module = parent_module
         self._in_forward = False
 
 
-def ensure_zero_ordered_dict(module: Any) -> None:
+def ensure_zero_ordered_dict(module: object) -> None:
     """Make ``module``'s parameter dict a :class:`ZeROOrderedDict` unless it is one already (same keys and
     parameters, same order). The first dict replaced stays as ``module._original_parameters``; an existing
     one is kept. Nothing happens to what is not a module, or has no such dict."""
