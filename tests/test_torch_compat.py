@@ -24,7 +24,8 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
     entries = {"current_graph_task_id", "call_without_subclass", "detached_tls", "tree_leaves", "disable_compile",
                "compiler_runtime_module", "group_timeout_s", "fake_store", "version_counter", "own_parameters",
                "own_buffers", "non_persistent_buffers",
-               "queue_backward_callback", "dcp_one_process", "no_torch_function"}
+               "queue_backward_callback", "dcp_one_process", "no_torch_function", "running_modules",
+               "set_own_parameters"}
     chosen = entries if request.param == "fallback" else set()
     monkeypatch.setattr(tc, "FORCE_FALLBACK", set(chosen))
     yield chosen
@@ -224,6 +225,34 @@ def test_module_entries_see_a_module_s_own_parameters_and_buffers(forced: set[st
     assert m.scratch is new and "scratch" not in m.state_dict()  # still a non-persistent buffer
     params["w"].data = torch.zeros(2)
     assert torch.equal(m.w, torch.zeros(2))
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_running_modules_reads_the_calls_under_way_and_parameters_dicts_are_replaced(forced: set[str]) -> None:
+    seen: list[list[nn.Module]] = []
+
+    class Inner(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(tc.running_modules())
+            return x
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    outer = Outer()
+    outer(torch.ones(1))
+    assert [[id(m) for m in ms] for ms in seen] == [[] if forced else [id(outer.inner), id(outer)]]
+    assert tc.running_modules() == []  # nothing under way here
+    m = nn.Linear(2, 2)
+    new = dict(tc.own_parameters(m))
+    assert tc.set_own_parameters(m, new) is not bool(forced)
+    if not forced:
+        assert tc.own_parameters(m) is new and m.weight is new["weight"]
 
 
 @pytest.mark.parametrize("forced", PATHS, indirect=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -264,6 +265,30 @@ def own_parameters(module: nn.Module) -> dict[str, nn.Parameter | None]:
     return live if live is not None else dict(module.named_parameters(recurse=False))
 
 
+def set_own_parameters(module: nn.Module, mapping: dict[str, nn.Parameter | None]) -> bool:
+    """Make ``mapping`` ``module``'s live own-parameter dict (``Module._parameters = mapping``), as DeepSpeed's
+    stage 3 does with its own dict type. Fallback (a torch that keeps no such dict): nothing, False."""
+    if _private(module, "_parameters", "set_own_parameters") is None:
+        return False
+    setattr(module, "_parameters", mapping)  # noqa: B010  a private name, set here alone
+    return True
+
+
+def running_modules() -> list[nn.Module]:
+    """The modules whose call (``module(...)``) is under way on this thread, innermost first, read from the
+    Python frames of ``nn.Module.__call__`` (``Module._wrapped_call_impl``). Fallback: none known (empty)."""
+    call = _private(nn.Module, "_wrapped_call_impl", "running_modules")
+    if call is None:
+        return []
+    code, out = call.__code__, []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code and isinstance(module := frame.f_locals.get("self"), nn.Module):
+            out.append(module)
+        frame = frame.f_back
+    return out
+
+
 def own_buffers(module: nn.Module) -> dict[str, torch.Tensor | None]:
     """``module``'s own buffers by name, the live dict (``Module._buffers``). Fallback: a fresh dict of
     ``named_buffers(recurse=False)``."""
@@ -325,5 +350,6 @@ PRIVATE_ATTRIBUTES = ("_version", "_parameters", "_buffers", "_non_persistent_bu
 __all__ = ["FORCE_FALLBACK", "PRIVATE_ATTRIBUTES", "TorchCompatError", "call_without_subclass", "compiler_runtime_module",
            "current_graph_task_id", "dcp_one_process", "detached_tls", "disable_compile", "dispatch_mode_class", "fake_store",
            "group_timeout_s", "pin_memory_ops", "storage_use_count",
-           "in_backward", "non_persistent_buffers", "own_buffers", "own_parameters", "queue_backward_callback", "set_own_buffer",
+           "in_backward", "non_persistent_buffers", "own_buffers", "own_parameters", "queue_backward_callback", "running_modules",
+           "set_own_buffer", "set_own_parameters",
            "tls_can_detach", "tree_leaves", "version_counter"]

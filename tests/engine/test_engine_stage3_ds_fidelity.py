@@ -10,6 +10,13 @@
   values (odd sizes: padded shards), ``p.partition()`` shards them again, ``p.all_gather(param_list=...)``
   then ``partition(has_been_updated=True)`` makes rank 0's edit every rank's (under the config key
   ``stage3_use_all_reduce_for_fetch_params``, accepted).
+* a submodule that returns its own bias to its caller (``return out, self.bias``): the bias is whole
+  (``ds_status`` AVAILABLE) in the caller from the first step, the caller's caller records it in
+  ``_external_params`` as DeepSpeed does, no gradient hook piles up on it, and training equals plain
+  PyTorch on the global batch;
+* every module's parameter dict is DeepSpeed's stage-3 ``ZeROOrderedDict`` (the original kept as
+  ``_original_parameters``), in a training and a forward-only engine, and a module attached after
+  ``initialize`` is converted too.
 """
 
 from __future__ import annotations
@@ -121,9 +128,71 @@ def _param_methods(rank: int, world: int) -> dict:
     return out
 
 
+class Dangling(nn.Linear):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return super().forward(x), self.bias  # the bias leaves the module: the caller uses it
+
+
+class Attn(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(H, H)
+        self.inner = Dangling(H, H)
+        self.seen: list[str] = []
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, bias = self.inner(super().forward(x))
+        self.seen.append(getattr(getattr(bias, "ds_status", None), "name", "plain"))
+        return out, bias
+
+
+class Container(nn.Module):  # no parameters of its own: not a unit
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(H, H)
+        self.attn = Attn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, bias = self.attn(torch.tanh(self.first(x)))
+        return (out * bias).square().mean()  # the product saves the bias for backward
+
+
+def _returned(rank: int, world: int) -> dict:
+    import zerorun
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(Container())
+    torch.manual_seed(0)
+    engine, *_ = zerorun.initialize(model=nn.Sequential(Container()), config=_config())
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.randn(2 * world, H, generator=torch.Generator().manual_seed(step))
+        engine.backward(engine(x[2 * rank:2 * rank + 2]))
+        engine.step()
+        opt.zero_grad()
+        plain(x).backward()
+        opt.step()
+    c = engine.module[0]
+    with zerorun.zero.GatheredParameters(list(engine.module.parameters())):
+        same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                   for a, b in zip(engine.module.parameters(), plain.parameters(), strict=True))
+    dicts = [type(m._parameters).__name__ for m in engine.module.modules()]
+    originals = [type(m._original_parameters) is dict and m._original_parameters == dict(m._parameters)
+                 for m in engine.module.modules()]
+    c.attn.late = nn.Linear(H, H)  # attached after initialize: converted as it is attached
+    dicts.append(type(c.attn.late._parameters).__name__)
+    forward_only, *_ = zerorun.initialize(model=nn.Linear(H, H), config={"train_micro_batch_size_per_gpu": 1,
+                                                                         "zero_optimization": {"stage": 3}})
+    dicts.append(type(forward_only.module._parameters).__name__)
+    return {"seen": c.attn.seen, "same": same, "hooks": len(c.attn.inner.bias._backward_hooks or {}),
+            "external": [len(m._external_params) for m in (engine.module, c, c.attn, c.attn.inner)],
+            "listed": [p is c.attn.inner.bias for _, p in c.ds_external_parameters()],
+            "linear": torch.nn.functional.linear is torch._C._nn.linear,  # memory_efficient_linear is on
+            "dicts": dicts, "originals": originals}
+
+
 def _all(rank: int, world: int) -> dict:
     return {"skip_init": _skip_init(rank, world), "kept": _kept_storage(rank, world), "unwrap": _unwrap(rank, world),
-            "methods": _param_methods(rank, world)}
+            "methods": _param_methods(rank, world), "returned": _returned(rank, world)}
 
 
 def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
@@ -140,6 +209,11 @@ def test_stage3_behaves_as_deepspeeds_zero_tests_expect() -> None:
         assert m["resting"] == [0, 0] and m["partitioned"] == [0, 0]
         assert [t.tolist() for t in m["gathered"]] == [list(range(1, 6)), list(range(1, 8))]
         assert m["edited"].tolist() == [10.0 * i for i in range(1, 8)]  # rank 0's edit, on every rank
+        ret = r["returned"]
+        assert ret["seen"] == ["AVAILABLE"] * 3  # whole in the caller, the first step too
+        assert ret["same"] and ret["hooks"] == 0 and ret["linear"]
+        assert set(ret["dicts"]) == {"ZeROOrderedDict"} and len(ret["dicts"]) == 7 and all(ret["originals"])
+        assert ret["external"] == [0, 1, 0, 0] and ret["listed"] == [True]  # the caller's caller records it
     assert sum(r["skip_init"]["shard"] for r in results) == H * H  # each rank holds its part of l1.weight
     for a, b in zip(results[0]["skip_init"]["full"], results[1]["skip_init"]["full"], strict=True):
         assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.nan_to_num(), b.nan_to_num()))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from zerorun import zero
@@ -32,7 +34,23 @@ def _whole_world(group: Any) -> bool:
     return dist.is_initialized() and dist.get_world_size(group) == dist.get_world_size()
 
 
-class Init(zero.Init):
+class InsertPostInitMethodToModuleSubClasses:  # noqa: N801  DeepSpeed's name
+    """DeepSpeed's base class of ``zero.Init`` (``isinstance`` checks hold).
+
+    DeepSpeed keeps on it the ``torch.nn.functional.linear`` that ``memory_efficient_linear``
+    replaced (``linear_bk``); zerorun replaces no torch function, so it never has that
+    attribute, and ``F.linear`` stays torch's whatever the key says.
+    """
+
+
+def zero3_linear_wrap(input: torch.Tensor, weight: torch.Tensor,  # noqa: A002  DeepSpeed's argument names
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """DeepSpeed's memory-efficient ``F.linear``: here torch's, which saves nothing that keeps a released
+    stage-3 bucket's bytes (a release frees the storage in place). zerorun never installs it as ``F.linear``."""
+    return F.linear(input, weight, bias)
+
+
+class Init(zero.Init, InsertPostInitMethodToModuleSubClasses):
     """``with deepspeed.zero.Init(config_dict_or_path=cfg, ...): model = Big()``."""
 
     def __init__(self, module: nn.Module | None = None, data_parallel_group: Any = None,
@@ -93,4 +111,5 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
                 "use the parameter only inside the module that owns it, or run at stage 0-2")
 
 
-__all__ = ["Init", "MiCS_Init", "register_external_parameter"]
+__all__ = ["Init", "InsertPostInitMethodToModuleSubClasses", "MiCS_Init", "register_external_parameter",
+           "zero3_linear_wrap"]

@@ -36,7 +36,7 @@ from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.policy import policy_for_stage
 from zerorun.engine.surface import ds_param_attrs
-from zerorun.engine.surface.parameter_offload import ParameterOffload
+from zerorun.engine.surface.parameter_offload import ParameterOffload, install_module_surface
 from zerorun.engine.training.dataloader import build_dataloader
 from zerorun.engine.training.host_kernel import warn_client
 from zerorun.engine.training.optim_factory import build_optimizer
@@ -303,6 +303,8 @@ def _initialize_inference(ctx: DistContext, coll: Collectives, model: nn.Module,
                           "or pass an optimizer / add an `optimizer` block to train it")
     parts = build_inference_parts(model, coll, stage, precision, cfg.zero_optimization, ctx.device)
     ds_param_attrs.sync_all(parts.frozen)
+    if parts.coordinator is not None:
+        install_module_surface(model, parts.coordinator)
     engine = InferenceEngine(model, None, cfg, ctx, coll, stage, precision, parts)
     _compile_if_configured(engine, cfg)
     return engine, None, _attach_loader(engine, training_data, collate_fn), None

@@ -110,6 +110,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         """Run the module on the inputs as given (DeepSpeed's rule): only ``fp16.auto_cast`` casts the
         floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are."""
         PROGRESS.enter(Phase.FORWARD)
+        self.tput_timer.start()
         if self.config.fp16.auto_cast:
             args = _cast_inputs(args, torch.float16)
         with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
@@ -140,10 +141,12 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """Count a micro-step; on the accumulation boundary, take the optimizer step."""
         self._check_step_allowed()
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             PROGRESS.enter(Phase.STEP)
             self._optimizer_step()
             PROGRESS.step_done(self.global_steps)
+        self.tput_timer.stop(global_step=boundary)
         self.micro_steps += 1
         PROGRESS.micro_step = self.micro_steps
         PROGRESS.enter(Phase.SCRIPT)  # until the next engine call, the rank runs the script's own code

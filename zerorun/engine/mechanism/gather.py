@@ -27,6 +27,9 @@ that bucket too). Events, all on the calling thread:
   module is always a unit, so there is one), which from then on gathers, prefetches,
   keeps for backward and releases it like its own. A touch in backward outside any
   unit's forward is gathered until its gradients are in (or the pass ends).
+* a unit *returns* a parameter (a bias its caller adds): the caller reads it after the
+  unit's forward, so it is filed under the enclosing unit like a touch, and stays gathered
+  until that unit's forward ends (DeepSpeed's "external parameter" of the caller).
 
 Frozen buckets (parameters the optimizer does not step) get no gradients, so no
 gradient hook says when backward is done with them: a unit's frozen bucket is released
@@ -43,49 +46,18 @@ in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from zerorun import torch_compat
-from zerorun.engine.mechanism.param_state import ParamState
+from zerorun.engine.mechanism.gather_plan import GatherPolicy, GatherStats, Unit
+from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, refresh_together
 
 if TYPE_CHECKING:
-    from zerorun.config.schema_zero import ZeroConfig
-
-
-@dataclass(frozen=True)
-class Unit:
-    index: int
-    name: str
-    buckets: tuple[int, ...]
-    leaf: bool = False  # a leaf module (``_z3_leaf``): its whole subtree is this one unit
-
-
-@dataclass(frozen=True)
-class GatherPolicy:
-    prefetch_numel: int  # stage3_prefetch_bucket_size: elements in flight ahead of use (0: no prefetch)
-    max_live: int  # stage3_max_live_parameters: cap on gathered elements when prefetching or keeping
-    max_reuse: int  # stage3_max_reuse_distance: keep a bucket needed again within this many elements
-
-    @classmethod
-    def from_config(cls, zero_cfg: ZeroConfig) -> GatherPolicy:
-        """From the ``zero_optimization`` block."""
-        return cls(prefetch_numel=int(zero_cfg.stage3_prefetch_bucket_size),
-                   max_live=int(zero_cfg.stage3_max_live_parameters),
-                   max_reuse=int(zero_cfg.stage3_max_reuse_distance))
-
-
-@dataclass
-class GatherStats:
-    fallbacks: int = 0  # passes that left the recorded order
-    prefetched: int = 0  # buckets all-gathered ahead of use
-    touches: int = 0  # buckets gathered because a parameter was used without its unit listing it
-    peak_live_numel: int = 0  # most non-persistent elements gathered or in flight at once
-    history: list[int] = field(default_factory=list)
+    from collections.abc import Callable
 
 
 def _in_backward() -> bool:
@@ -114,6 +86,7 @@ class GatherCoordinator:
                                if not b.persistent and b.state is not ParamState.SHARDED}
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.warned_leaf = False  # a leaf unit ran with no input requiring grad (DeepSpeed refuses it): said once
+        self.on_returned: Callable[[nn.Parameter], None] | None = None  # a unit returned this parameter
 
     # ---- hooks ------------------------------------------------------------------------------
     def attach(self, root: nn.Module, modules: list[nn.Module]) -> None:
@@ -163,11 +136,25 @@ class GatherCoordinator:
         held = self.stack.pop()[1] if self.stack and self.stack[-1][0] == u else []
         for bi in held:
             self.active[bi] -= 1
-        if torch.is_grad_enabled() and not self._arm_backward(u, output, inputs, held):
+        leaves = torch_compat.tree_leaves(output)
+        if self.stack:
+            self._keep_returned(leaves)
+        if torch.is_grad_enabled() and not self._arm_backward(u, leaves, inputs, held):
             return output  # autograd may read these buckets and nothing would gather them first: kept
         for bi in held:
             self._maybe_release(bi)
         return output
+
+    def _keep_returned(self, leaves: list[object]) -> None:
+        """A unit returned a parameter (its own, say a bias the caller adds): the caller uses it after the unit's
+        forward, so the enclosing unit holds its bucket, now and in every later pass (DeepSpeed keeps it gathered
+        as the caller's external parameter); ``on_returned`` hears of it."""
+        for t in leaves:
+            b = t.__dict__.get(BUCKET_ATTR) if isinstance(t, nn.Parameter) else None
+            if b is not None and (bi := self.index_of.get(id(b))) is not None:
+                self._file(bi)
+                if self.on_returned is not None:
+                    self.on_returned(t)
 
     def hold(self, bucket: PartitionedBucket) -> bool:
         """``GatheredParameters`` exits inside forward/backward: keep ``bucket`` for autograd (else False).
@@ -203,7 +190,7 @@ class GatherCoordinator:
         if not self.buckets[bi].persistent and self.buckets[bi].state is not ParamState.SHARDED:
             self.live.add(bi)
 
-    def _arm_backward(self, u: int, output: object, inputs: object, held: list[int]) -> bool:
+    def _arm_backward(self, u: int, leaves: list[object], inputs: object, held: list[int]) -> bool:
         """Gather the unit when its outputs' gradient arrives; a unit holding frozen buckets also
         learns when its backward is over: the gradients of its inputs have been computed.
 
@@ -233,8 +220,8 @@ class GatherCoordinator:
                 self._close_frozen(frozen)
 
         hooked = False
-        for t in torch_compat.tree_leaves(output):
-            if torch.is_tensor(t) and t.requires_grad:
+        for t in leaves:  # a leaf (a returned parameter or input) is not this unit's work, and would keep the hook
+            if torch.is_tensor(t) and t.grad_fn is not None:
                 t.register_hook(pre_backward)
                 hooked = True
         if frozen and grad_inputs:

@@ -14,44 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerorun.engine.errors import NoSyncMisuse, rank_prefixed
+from zerorun.engine.surface.tput_timer import TputTimer
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from zerorun.engine.surface.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateMover
-    from zerorun.engine.views import Timed
-
-
-class TputTimer:
-    """``engine.tput_timer``: DeepSpeed's throughput timer, read from the engine's figures."""
-
-    def __init__(self, engine: Timed) -> None:
-        self._engine = engine
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._engine.config.train_batch_size)
-
-    @property
-    def global_step_count(self) -> int:
-        return int(self._engine.global_steps)
-
-    @property
-    def total_elapsed_time(self) -> float:
-        return self._engine.throughput.total_elapsed
-
-    @property
-    def step_elapsed_time(self) -> float:
-        return self._engine.throughput.last_step_s
-
-    def avg_samples_per_sec(self) -> float:
-        return self._engine.throughput.avg_samples_per_sec()
-
-    def start(self) -> None:
-        """The engine times its own steps; nothing to start."""
-
-    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
-        """The engine times its own steps; nothing to stop."""
 
 
 class DeepSpeedSurface:
@@ -234,7 +202,12 @@ class DeepSpeedSurface:
 
     @property
     def tput_timer(self) -> TputTimer:
-        return TputTimer(self)
+        """DeepSpeed's throughput timer (:mod:`zerorun.engine.surface.tput_timer`): started at each forward,
+        stopped at each step."""
+        timer = self.__dict__.get("_tput_timer")
+        if timer is None:
+            timer = self.__dict__["_tput_timer"] = TputTimer(int(self.config.train_batch_size))
+        return timer
 
     def destroy(self) -> None:
         """Detach the engine from the module: remove its gradient and gather hooks."""

@@ -17,9 +17,10 @@ Here ``forward_hooks`` are the coordinator's own handles (its module pre/post-fo
 hooks; zerorun's backward hooks are per-pass tensor hooks, so ``backward_hooks`` holds
 none), ``_register_deepspeed_module`` attaches the coordinator to the same units again,
 and invalidating the trace drops the recorded gather order: the next training pass runs
-on demand and records it anew, as after DeepSpeed's ``_invalidate_trace``. zerorun has no
-external parameters (a parameter used outside its module is filed under the unit using it),
-so every module's ``ds_external_parameters()`` is empty.
+on demand and records it anew, as after DeepSpeed's ``_invalidate_trace``. A parameter used
+outside its module is filed under the unit using it; one a module returns to its caller is
+also recorded as DeepSpeed records it (``_external_params``, ``ds_external_parameters()``:
+:mod:`zerorun.engine.surface.external_params`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from zerorun.engine.mechanism.gather import GatherCoordinator, Unit
+from zerorun.engine.surface import external_params, zero_ordered_dict
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
 
-def _no_external_parameters() -> tuple[()]:
-    return ()
+def install_module_surface(module: nn.Module, coordinator: GatherCoordinator) -> None:
+    """What DeepSpeed's stage 3 puts on every module of its model, training or forward-only: the record of
+    external parameters, and ``ZeROOrderedDict`` as each parameter dict (late-attached modules too)."""
+    external_params.install(module)
+    coordinator.on_returned = external_params.record_returned
+    zero_ordered_dict.install(module)
 
 
 class TraceHandle:
@@ -71,8 +77,9 @@ class ParameterOffload:
         self.backward_hooks: list[RemovableHandle] = []
         self._coordinator = coordinator
         self._units = units
-        for m in module.modules():
-            m.ds_external_parameters = _no_external_parameters
+        external_params.install(module)
+        zero_ordered_dict.install(module)  # every module's parameter dict is DeepSpeed's stage-3 type
+        coordinator.on_returned = external_params.record_returned
 
     @property
     def forward_hooks(self) -> list[RemovableHandle]:

@@ -10,7 +10,12 @@ from zerorun.compat.tensor_constructors import (  # noqa: F401  names transforme
     _orig_torch_zeros,
     zero_wrapper_for_fp_tensor_constructor,
 )
-from zerorun.compat.zero_init import Init, register_external_parameter  # noqa: F401
+from zerorun.compat.zero_init import (  # noqa: F401
+    Init,
+    InsertPostInitMethodToModuleSubClasses,
+    register_external_parameter,
+    zero3_linear_wrap,
+)
 from zerorun.engine.comm.launcher_world import (  # noqa: F401  the check zero.Init runs, by DeepSpeed's name
     contradicting_single_rank_group as _contradicting_single_rank_pg_error,
 )
