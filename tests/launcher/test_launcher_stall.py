@@ -89,9 +89,11 @@ def test_a_skipped_collective_and_a_spinning_rank_are_named_with_what_the_others
     report = json.loads((tmp_path / "verdict.json").read_text())
     assert report["culprits"] == [2, 3], report["verdict"]
     text = report["verdict"]
-    # (b) the spinning rank at its loop's line, first: a rank outside any collective is the likelier culprit
-    assert text.startswith(f"stalled: rank 2 (localhost) is in script at stall_cases.py:{_line('# SPIN_LINE') + 1}; "
-                           "rank 3 (localhost) waits in all_reduce #"), text
+    # (b) the spinning rank at its loop, first: a rank outside any collective is the likelier culprit. The
+    # sample lands on either line of the two-line loop (the `while` or its body: seen both on Python 3.11)
+    loop = {f"stall_cases.py:{_line('# SPIN_LINE') + k}; " for k in (0, 1)}
+    assert any(text.startswith(f"stalled: rank 2 (localhost) is in script at {at}rank 3 (localhost) waits in "
+                               "all_reduce #") for at in loop), text
     # (a) the rank that skipped, and the collective its peers wait in
     assert "; ranks 0,1 wait in reduce_scatter #" in text and text.count("stall_cases.py:") == 3, text
     waiting = next(g for g in report["groups"] if g["ranks"] == [0, 1])
