@@ -1,5 +1,6 @@
 """On the CPU the engine hands glibc's free heap back before and after each optimizer step (not at a
-micro-step inside an accumulation) when much of it is free, and not at all with ZERORUN_TRIM_HEAP=0."""
+micro-step inside an accumulation) when much of it is free (over 32 MiB and a quarter of the resident
+set), and not at all with ZERORUN_TRIM_HEAP=0."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def test_the_heap_is_trimmed_around_each_optimizer_step(world_of_one: None, monk
 def test_a_heap_with_little_free_is_left_alone(world_of_one: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZERORUN_TRIM_HEAP", raising=False)
     assert "trim" not in _train(monkeypatch, 2, free=physical_memory.TRIM_ABOVE)
+    # over 32 MiB but under a quarter of the resident set: a step's usual churn, not retention that grows
+    monkeypatch.setattr(physical_memory, "host_bytes", lambda key: 8 * 2**30 if key == "VmRSS" else None)
+    assert "trim" not in _train(monkeypatch, 2, free=2**31 - 1)
+    assert "trim" in _train(monkeypatch, 2, free=2**31 + 1)
     assert physical_memory._MALLINFO2 is not None  # glibc >= 2.33 here: the real figure is read
 
 

@@ -159,9 +159,8 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
                               "unscale them", "call engine.backward(loss) instead of loss.backward()")
         parts.grad_sync.check_all_used()  # ignore_unused_parameters: false (DeepSpeed's CPU-offload path)
         if self._trim_heap:
-            # backward's freed buffers, kept by glibc in the arenas of the threads that freed them (gloo's
-            # workers too), would sit under the step's own peak (BENCHMARKS.md, issue 48): handed back
-            # first when there is much of it
+            # backward's freed buffers, kept by glibc, would sit under the step's own peak (BENCHMARKS.md,
+            # issue 48): handed back first when there is much of it
             physical_memory.trim_heap_if_large()
         owned = parts.grad_sync.owned_grads()
         # over the shard group: each one holds a whole gradient (MiCS's replicas summed theirs already)
@@ -191,11 +190,10 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         if self._trial is not None:
             self._trial.step_done()
         if self._trim_heap:
-            # The step's buffers are free now. glibc keeps freed heap chunks of up to 32 MiB resident and
-            # serves the next step from a fragmented heap: without a trim, that retention grew the
-            # training-step peak by 50-75 MiB per rank over three steps (BENCHMARKS.md, issue 48). The
-            # next step faults the pages in again, so only a heap with much free is trimmed (a small model's
-            # step doubled with a trim every step); ZERORUN_TRIM_HEAP=0 keeps them (faster, larger peak).
+            # The step's buffers are free now. glibc keeps freed heap chunks of up to 32 MiB resident; the
+            # next step faults trimmed pages in again, so only a heap with much free (over 32 MiB and a
+            # quarter of the resident set) is trimmed: a trim every step cost stage 3 a fifth of its step
+            # time for 3% of the peak (BENCHMARKS.md, issue 48); ZERORUN_TRIM_HEAP=0 never trims.
             physical_memory.trim_heap_if_large()
 
     def _report(self) -> None:

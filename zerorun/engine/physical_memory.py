@@ -115,16 +115,24 @@ TRIM_ABOVE = 32 * 2**20
 back then costs more (the next step faults the pages in again, and the trim walks every arena) than it
 saves; glibc's own trim threshold moves up to twice a 32 MiB buffer anyway."""
 
+TRIM_SHARE = 0.25
+"""...nor while the free heap is under this share of the resident set. A trim every step cost the CPU
+benchmark's stage 3 a fifth of its step time (0.381 against 0.304 s; stage 2 0.301 against 0.270) and
+slowed every other model of the process too (their next step faults the pages in again), for at most 3%
+of the peak once Adam's state stopped being made inside the first step (BENCHMARKS.md, issue 48): the
+trim is for retention that grows, not for a step's usual churn."""
+
 
 def free_heap_bytes() -> int | None:
     """Bytes glibc holds free in all its arenas (``mallinfo2().fordblks``); None where it cannot say."""
     return None if _MALLINFO2 is None else int(_MALLINFO2().fordblks)
 
 
-def trim_heap_if_large(above: int = TRIM_ABOVE) -> bool:
-    """:func:`trim_heap` when glibc holds more than ``above`` bytes free (always where it cannot say)."""
+def trim_heap_if_large(above: int = TRIM_ABOVE, share: float = TRIM_SHARE) -> bool:
+    """:func:`trim_heap` when glibc holds more than ``above`` bytes free and more than ``share`` of the
+    resident set (always where it cannot say how much is free)."""
     free = free_heap_bytes()
-    if free is not None and free <= above:
+    if free is not None and free <= max(above, share * (host_bytes("VmRSS") or 0)):
         return False
     trim_heap()
     return True
