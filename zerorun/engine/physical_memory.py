@@ -132,7 +132,8 @@ def trim_heap_if_large(above: int = TRIM_ABOVE, share: float = TRIM_SHARE) -> bo
     """:func:`trim_heap` when glibc holds more than ``above`` bytes free and more than ``share`` of the
     resident set (always where it cannot say how much is free)."""
     free = free_heap_bytes()
-    if free is not None and free <= max(above, share * (host_bytes("VmRSS") or 0)):
+    # the resident set is read (from /proc) only when the heap holds over ``above``: most steps read nothing
+    if free is not None and (free <= above or free <= share * (host_bytes("VmRSS") or 0)):
         return False
     trim_heap()
     return True

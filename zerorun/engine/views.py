@@ -11,8 +11,7 @@ imports this module, and the arrow runs one way, from the engine down to what it
 - :class:`Configured`: the config and the policies picked from it (stage, precision);
 - :class:`Counters`: the training counters, loss scale and batch facts a checkpoint carries;
 - their unions for one consumer each: :class:`ModelView` (the 16-bit save, the HF surface),
-  :class:`CheckpointView` (save and load), :class:`TrialView` (an autotune trial), and
-  :class:`Timed` (DeepSpeed's ``tput_timer``).
+  :class:`CheckpointView` (save and load) and :class:`TrialView` (an autotune trial).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from zerorun.engine.build import Parts
     from zerorun.engine.comm.bootstrap import DistContext
     from zerorun.engine.comm.collectives import Collectives
-    from zerorun.engine.metrics import Throughput
     from zerorun.engine.numerics.loss_scaler import ScalerState
     from zerorun.engine.numerics.precision import PrecisionPolicy
     from zerorun.engine.policy import StagePolicy
@@ -113,19 +111,6 @@ class ModelView(Shards, Configured, Protocol):
 
 class CheckpointView(Shards, Configured, Counters, Protocol):
     """``save_checkpoint`` / ``load_checkpoint``: the shards, the config, and the counters they restore."""
-
-
-class Timed(Protocol):
-    """DeepSpeed's ``tput_timer``: the engine's own throughput figures."""
-
-    @property
-    def config(self) -> ZerorunConfig: ...
-
-    @property
-    def global_steps(self) -> int: ...
-
-    @property
-    def throughput(self) -> Throughput: ...
 
 
 class TrialView(Shards, Configured, BatchFacts, Protocol):

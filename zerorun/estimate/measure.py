@@ -59,6 +59,8 @@ def _threshold(value: object) -> int | None:
     """A glibc threshold as a rank reported it (its environment: anyone's text), or None when it is not
     a plain count of bytes (then it is read as unset)."""
     return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
+
+
 _OPTIMIZERS = {"adam": Optimizer.ADAM, "adamw": Optimizer.ADAMW, "sgd": Optimizer.SGD,
                "sgd-nomomentum": Optimizer.SGD_NO_MOMENTUM}
 

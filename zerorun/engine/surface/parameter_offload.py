@@ -77,9 +77,7 @@ class ParameterOffload:
         self.backward_hooks: list[RemovableHandle] = []
         self._coordinator = coordinator
         self._units = units
-        external_params.install(module)
-        zero_ordered_dict.install(module)  # every module's parameter dict is DeepSpeed's stage-3 type
-        coordinator.on_returned = external_params.record_returned
+        install_module_surface(module, coordinator)
 
     @property
     def forward_hooks(self) -> list[RemovableHandle]:
