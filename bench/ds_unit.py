@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         base = {k: v for k, v in os.environ.items() if not k.startswith("ZERORUN_")}
         # DeepSpeed's CPU accelerator counts its "devices" from LOCAL_SIZE; without it every world-2 test skips
         base.update(DS_ACCELERATOR="cpu", PYTHONDONTWRITEBYTECODE="1", LOCAL_SIZE=str(ns.devices))
+        # DeepSpeed's harness starts its ranks without a thread count: two ranks of two threads on two cores
+        # made a step ~30x slower (both engines alike), so tests timed out on load, not on a difference
+        base.setdefault("OMP_NUM_THREADS", "1")
         if ns.test_timeout:
             base.update(DS_UNITTEST_TIMEOUT=str(ns.test_timeout),
                         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), base.get("PYTHONPATH")])))

@@ -321,6 +321,17 @@ def storage_use_count(tensor: torch.Tensor) -> int | None:
     return None if use_count is None else int(use_count(tensor.untyped_storage()._cdata))
 
 
+def can_swap_storage_bytes() -> bool:
+    """Whether this torch can move one storage's bytes into another (``UntypedStorage._swap_data_ptr_``,
+    in torch 2.13 and 2.15, not 2.6); without it stage 3's host buffer pool stays off."""
+    return _private(torch.UntypedStorage, "_swap_data_ptr_", "swap_storage_bytes") is not None
+
+
+def swap_storage_bytes(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """Exchange the bytes (pointer and size) of two storages; tensors and views keep their storage objects."""
+    a._swap_data_ptr_(b)  # type: ignore[attr-defined]
+
+
 # -- simulate: a dispatch mode that gives host tensors a storage that costs nothing -------------------
 
 def dispatch_mode_class() -> type:

@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -153,7 +154,18 @@ def return_freed_memory() -> bool:
         mallopt = _LIBC.mallopt  # type: ignore[union-attr]
     except AttributeError:
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 128 * 1024)) and bool(mallopt(_M_TRIM_THRESHOLD, 128 * 1024))
+    global _RETURNING
+    _RETURNING = bool(mallopt(_M_MMAP_THRESHOLD, 128 * 1024)) and bool(mallopt(_M_TRIM_THRESHOLD, 128 * 1024))
+    return _RETURNING
+
+
+_RETURNING = False
+
+
+def frees_return_to_kernel() -> bool:
+    """Whether glibc hands a freed large buffer straight back (:func:`return_freed_memory` ran, or a fixed
+    threshold came through the environment): then no freed buffer lingers in its heap."""
+    return _RETURNING or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
 
 
 def host_bytes(key: str) -> int | None:

@@ -49,6 +49,7 @@ OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("masters", ("master",)),
     ("masters", ("masters",)),
     ("parameter shards", ("local",)),
+    ("gathered window (idle)", ("pool", "_idle")),
     ("gathered window", ("_full",)),
     ("gathered window", ("data",)),
     ("gradients", ("grad",)),

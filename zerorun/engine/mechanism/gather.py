@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from zerorun import torch_compat
+from zerorun.engine.mechanism.buffer_pool import BufferPool
 from zerorun.engine.mechanism.gather_plan import GatherPolicy, GatherStats, Unit
 from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, refresh_together
@@ -79,9 +80,12 @@ class GatherCoordinator:
         self.stack: list[tuple[int, list[int]]] = []  # units in forward, with the buckets each holds active
         self.index_of = {id(b): i for i, b in enumerate(buckets)}
         self.frozen_open = [0] * len(buckets)  # unit backwards under way that may read each frozen bucket
+        # host buffers released inside a pass are reused by its next gathers, handed back at its end
+        self.pool = BufferPool.for_devices({b.data.device for b in buckets})
         for b in buckets:
             b.toucher = self.touch
             b.holder = self.hold
+            b.pool = self.pool
         self.live: set[int] = {i for i, b in enumerate(buckets)
                                if not b.persistent and b.state is not ParamState.SHARDED}
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -318,7 +322,7 @@ class GatherCoordinator:
             return
         if self._needed_soon(bi) and self.live_numel() <= self.policy.max_live:
             return
-        b.release()
+        b.release(reuse=True)
         self.live.discard(bi)
 
     def _needed_soon(self, bi: int) -> bool:
@@ -349,13 +353,15 @@ class GatherCoordinator:
             return
         if b.state is ParamState.IN_FLIGHT:
             b.wait()
-        b.release()
+        b.release(reuse=True)
         self.live.discard(bi)
 
     def release_all(self) -> None:
         """Release every gathered bucket that is not persistent (waiting for any still in flight)."""
         for bi in sorted(self.live):
             self._release_now(bi)
+        if self.pool is not None:  # nothing is gathered: the kept bytes go back to the allocator
+            self.pool.drain()
 
     def end_pass(self, record: bool = True) -> None:
         self.release_all()

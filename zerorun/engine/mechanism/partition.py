@@ -46,6 +46,7 @@ from zerorun.engine.comm.collectives import Collectives, Pending
 from zerorun.engine.comm.quantize import pack, packed_bytes
 from zerorun.engine.comm.quantized import quantized_all_gather
 from zerorun.engine.mechanism.buckets import ALIGN_ELEMENTS, BucketPlan, FlatBucket, plan_buckets
+from zerorun.engine.mechanism.buffer_pool import BufferPool
 from zerorun.engine.mechanism.guard import guard, unguard
 from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState, check_transition
 from zerorun.engine.mechanism.placement import to_device
@@ -102,6 +103,7 @@ class PartitionedBucket(FlatBucket):
         self.quantized_gather = False
         self.resting: torch.Tensor | None = None
         self.routes = GatherRoutes()  # hpZ's secondary group, MiCS's two hops (zerorun.engine.mechanism.routes)
+        self.pool: BufferPool | None = None  # host buffers released within a pass, kept for the next gather
         self._placeholder = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
         self._full = self.data  # the one full buffer (a fresh tensor, its storage's whole); bytes only while not sharded
         for p in params:
@@ -149,7 +151,10 @@ class PartitionedBucket(FlatBucket):
         always sends them so (:meth:`rest_quantized`)."""
         self._move(ParamState.IN_FLIGHT)
         full = self._full
-        full.untyped_storage().resize_(full.numel() * full.element_size())
+        if self.pool is None:
+            full.untyped_storage().resize_(full.numel() * full.element_size())
+        else:
+            self.pool.fill(full.untyped_storage(), full.numel() * full.element_size())
         self.data = full
         if self.routes.secondary_held():  # hpZ: from the node's secondary copy, not the primary shards
             self._pending = self.routes.gather_secondary(full, self.name, quantized)
@@ -190,13 +195,15 @@ class PartitionedBucket(FlatBucket):
         if self.state is ParamState.IN_FLIGHT:
             self.wait()
 
-    def release(self, keep_views: bool = False) -> None:
+    def release(self, keep_views: bool = False, reuse: bool = False) -> None:
         """GATHERED -> SHARDED: the parameters point at an empty placeholder; the full buffer's bytes are freed.
 
         The bytes go even while autograd holds views of the buffer (see the module doc). ``keep_views``
         (``GatheredParameters``' exit): tensors taken from the gathered parameters (``p.detach().cpu()``
         shares the storage on CPU) keep their bytes, as DeepSpeed's do: when anything still holds the
-        storage, the bucket moves to a new one and leaves that one to its holders.
+        storage, the bucket moves to a new one and leaves that one to its holders. ``reuse`` (the
+        coordinator's releases within a pass): the bytes go to :attr:`pool`, where there is one, for the
+        next gather of this size.
         """
         self._move(ParamState.SHARDED)
         self.routes.keep_secondary(self._full)  # hpZ: the node's shard of what was gathered, until the step
@@ -206,7 +213,10 @@ class PartitionedBucket(FlatBucket):
         self.data = self._placeholder  # dtype and device stay readable; no elements
         if keep_views and _held_elsewhere(self._full):
             self._full = torch.empty_like(self._full)  # never written: on the host no page is touched
-        _free(self._full)
+        if reuse and self.pool is not None:
+            self.pool.keep(self._full.untyped_storage())
+        else:
+            _free(self._full)
 
     def read_ahead(self) -> None:
         """About to be gathered (prefetch): start fetching an offloaded resting shard now."""
