@@ -19,6 +19,8 @@ that bucket too). Events, all on the calling thread:
   backward node still needs its values): released.
 * ``end_pass`` (after backward) - everything in flight is waited for and every
   non-persistent bucket released; the first training pass becomes the recorded order.
+  A backward that raised never ends its pass: the next root forward (``begin_forward``)
+  ends it, after the reducer has unwound its side (``unwind``).
 
 * ``touch`` - a sharded parameter was used inside forward or backward without its unit
   listing it (``nn.MultiheadAttention`` reads ``out_proj.weight`` without calling
@@ -87,6 +89,8 @@ class GatherCoordinator:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.warned_leaf = False  # a leaf unit ran with no input requiring grad (DeepSpeed refuses it): said once
         self.on_returned: Callable[[nn.Parameter], None] | None = None  # a unit returned this parameter
+        # the reducer's unwind of a backward that raised (weak: the module's hooks must not keep its gradients)
+        self.unwind: Callable[[], Callable[[], None] | None] | None = None
 
     # ---- hooks ------------------------------------------------------------------------------
     def attach(self, root: nn.Module, modules: list[nn.Module]) -> None:
@@ -112,6 +116,9 @@ class GatherCoordinator:
     def begin_forward(self) -> None:
         if _in_backward():
             return
+        unwind = self.unwind() if self.unwind is not None else None
+        if unwind is not None:  # a backward that raised left its pass armed: drained before this one
+            unwind()
         self.stack.clear()  # a forward that raised left its units on the stack
         if self.current:  # a forward without backward (eval) ended
             self.end_pass(record=False)
