@@ -200,7 +200,7 @@ class UnitGradSync(ShardedGradSync):
         if replica is not None and policy.average:  # the mean is over the world: the group's ranks x its replicas
             self.post = policy.predivide / (coll.world_size * replica.world_size)
         self.coordinator = coordinator
-        coordinator.unwind = weakref.WeakMethod(self.unwind_aborted)  # at each root forward (direct module calls)
+        coordinator.reducer = weakref.ref(self)  # unwinds an aborted pass at each root forward (module calls too)
         self.coalesce_numel = coalesce_numel
         small = sum(b.plan.padded_numel for b in buckets if b.plan.padded_numel < coalesce_numel)
         # columns of the [world, cap] group buffer: never more than all the small buckets together
