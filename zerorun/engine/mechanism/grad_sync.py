@@ -22,6 +22,9 @@ Who arms and finishes a pass:
   mean), and fp16's loss scale is not applied (the step refuses it; use
   ``engine.backward``). Reentrant activation checkpointing runs nested backward passes
   that would end the pass early: use ``engine.backward`` with it.
+* A pass whose backward raised (autograd stops; nothing finishes it) stays armed until the next
+  root forward or step, which unwinds it (:meth:`GradSyncBase.unwind_aborted`, which says what
+  it drops): it adds nothing to the step.
 
 The reducers (the policy picks one, :mod:`zerorun.engine.policy`):
 
