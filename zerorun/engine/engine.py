@@ -110,6 +110,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         """Run the module on the inputs as given (DeepSpeed's rule): only ``fp16.auto_cast`` casts the
         floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are."""
         PROGRESS.enter(Phase.FORWARD)
+        self.parts.grad_sync.unwind_aborted()  # a backward that raised is unwound first (one flag read if none)
         self.tput_timer.start()
         if self.config.fp16.auto_cast:
             args = _cast_inputs(args, torch.float16)
@@ -141,6 +142,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """Count a micro-step; on the accumulation boundary, take the optimizer step."""
         self._check_step_allowed()
+        self.parts.grad_sync.unwind_aborted()  # a backward that raised adds nothing to the step
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
             PROGRESS.enter(Phase.STEP)

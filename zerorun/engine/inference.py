@@ -44,6 +44,9 @@ class _NoGradients:
     def zero(self) -> None:
         """No gradient state to clear."""
 
+    def unwind_aborted(self) -> None:
+        """No backward pass to unwind."""
+
     def held_bytes(self) -> tuple[int, int]:
         return 0, 0
 

@@ -71,6 +71,7 @@ class ShardAccumulator:
                        for i, b in enumerate(buckets)]
         self.acc: list[torch.Tensor | None] = [self._new(i) if eager else None for i in range(len(buckets))]
         self.fresh = [True] * len(buckets)  # holds nothing since the last zero(): overwrite, not add
+        self.additions = 0  # reduced chunks summed in so far (a reducer tells whether a pass added any)
 
     def _new(self, index: int) -> torch.Tensor:
         bucket = self.buckets[index]
@@ -83,6 +84,7 @@ class ShardAccumulator:
         after which ``part``'s memory may be written (:meth:`before_reuse`); ``None``: free at once."""
         acc = self._buffer(index)
         fresh, self.fresh[index] = self.fresh[index], False
+        self.additions += 1
         if self.remote[index]:
             assert self.home is not None
             return self.home.land(acc, part, alpha, fresh)
@@ -114,6 +116,7 @@ class ShardAccumulator:
     def landed(self, index: int) -> None:
         """A reduction wrote bucket ``index``'s scaled chunk into :meth:`fresh_target`'s buffer."""
         self.fresh[index] = False
+        self.additions += 1
 
     def holds(self, index: int) -> bool:
         return not self.fresh[index]

@@ -121,6 +121,7 @@ class FullGradSync(GradSyncBase):
         self.reduced = [False] * len(self.buckets)
         self.accum.zero()
         self.unscaled_passes = 0
+        self.window_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
         """(gradient bytes, communication buffer bytes) this rank holds."""

@@ -19,6 +19,8 @@ that bucket too). Events, all on the calling thread:
   backward node still needs its values): released.
 * ``end_pass`` (after backward) - everything in flight is waited for and every
   non-persistent bucket released; the first training pass becomes the recorded order.
+  A backward that raised never ends its pass: the next root forward (``begin_forward``)
+  ends it, after the reducer has unwound its side (``reducer.unwind_aborted``).
 
 * ``touch`` - a sharded parameter was used inside forward or backward without its unit
   listing it (``nn.MultiheadAttention`` reads ``out_proj.weight`` without calling
@@ -46,6 +48,7 @@ in the same order (as with DeepSpeed and FSDP): the gathers are collectives.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,7 +56,7 @@ from torch import nn
 
 from zerorun import torch_compat
 from zerorun.engine.mechanism.buffer_pool import BufferPool
-from zerorun.engine.mechanism.gather_plan import GatherPolicy, GatherStats, Unit
+from zerorun.engine.mechanism.gather_plan import GatherPolicy, GatherStats, Unit, Unwinding
 from zerorun.engine.mechanism.param_state import BUCKET_ATTR, ParamState
 from zerorun.engine.mechanism.partition import PartitionedBucket, refresh_together
 
@@ -91,6 +94,8 @@ class GatherCoordinator:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.warned_leaf = False  # a leaf unit ran with no input requiring grad (DeepSpeed refuses it): said once
         self.on_returned: Callable[[nn.Parameter], None] | None = None  # a unit returned this parameter
+        # the reducer, which unwinds a backward that raised (weakly: the module's hooks must not keep its gradients)
+        self.reducer: weakref.ReferenceType[Unwinding] | None = None
 
     # ---- hooks ------------------------------------------------------------------------------
     def attach(self, root: nn.Module, modules: list[nn.Module]) -> None:
@@ -116,6 +121,9 @@ class GatherCoordinator:
     def begin_forward(self) -> None:
         if _in_backward():
             return
+        reducer = self.reducer() if self.reducer is not None else None
+        if reducer is not None and reducer.armed:  # a backward that raised left its pass armed: unwound first
+            reducer.unwind_aborted()
         self.stack.clear()  # a forward that raised left its units on the stack
         if self.current:  # a forward without backward (eval) ended
             self.end_pass(record=False)

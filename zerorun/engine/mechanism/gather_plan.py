@@ -1,4 +1,5 @@
-"""The data of stage 3's gathering: a unit (a module and its buckets), the gather policy from the config, the stats.
+"""The data of stage 3's gathering: a unit (a module and its buckets), the gather policy from the config, the stats,
+the reducer as the gathering sees it.
 
 Kept apart from :mod:`zerorun.engine.mechanism.gather` (which re-exports them) so the coordinator's file holds
 its mechanism alone.
@@ -7,7 +8,7 @@ its mechanism alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from zerorun.config.schema_zero import ZeroConfig
@@ -42,3 +43,11 @@ class GatherStats:
     touches: int = 0  # buckets gathered because a parameter was used without its unit listing it
     peak_live_numel: int = 0  # most non-persistent elements gathered or in flight at once
     history: list[int] = field(default_factory=list)
+
+
+class Unwinding(Protocol):
+    """The gradient reducer, as the root forward pre-hook sees it: it unwinds a backward that raised."""
+
+    armed: bool  # a backward pass is in progress (at a root forward: one that raised)
+
+    def unwind_aborted(self) -> None: ...

@@ -22,6 +22,9 @@ Who arms and finishes a pass:
   mean), and fp16's loss scale is not applied (the step refuses it; use
   ``engine.backward``). Reentrant activation checkpointing runs nested backward passes
   that would end the pass early: use ``engine.backward`` with it.
+* A pass whose backward raised (autograd stops; nothing finishes it) stays armed until the next
+  root forward or step, which unwinds it (:meth:`GradSyncBase.unwind_aborted`, which says what
+  it drops): it adds nothing to the step.
 
 The reducers (the policy picks one, :mod:`zerorun.engine.policy`):
 
@@ -68,6 +71,7 @@ Averaging: gradients are multiplied by ``1/predivide`` before the reduction and 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +137,8 @@ class GradSyncBase:
         self.sync = True
         self.armed = False  # a backward pass is in progress
         self.unscaled_passes = 0  # plain loss.backward() passes since the last zero()
+        self.pass_unscaled = 0  # what the armed pass added to unscaled_passes (taken back if it is unwound)
+        self.window_passes = 0  # backward passes finished since the last zero()
         self.scaled_ahead = False  # engine.scale(loss) ran: the next plain pass is scaled
         self.boundary: Callable[[], bool] = lambda: True  # the engine's "is this the boundary micro-step?"
         self.used: set[tuple[int, int]] = set()  # (bucket, slot) with a gradient this window (require_all_used)
@@ -144,11 +150,13 @@ class GradSyncBase:
         self.sync = sync
         self.tracker.reset()
         self.armed = True
+        self.pass_unscaled = 0
 
     def on_grad_ready(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         if not self.armed:  # a plain loss.backward(): arm now, finish when autograd is done
             self.prepare_backward(self.boundary())
-            self.unscaled_passes += 0 if self.scaled_ahead else 1
+            self.pass_unscaled = 0 if self.scaled_ahead else 1
+            self.unscaled_passes += self.pass_unscaled
             self.scaled_ahead = False
             torch_compat.queue_backward_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
@@ -180,6 +188,42 @@ class GradSyncBase:
                     self._launch(i)
         while self.inflight:
             self.inflight.popleft().wait()
+        self.window_passes += 1
+
+    def unwind_aborted(self) -> None:
+        """Unwind a pass that was armed and never finished: autograd raised inside it (a hook, a custom
+        Function's backward, an activation checkpoint's recomputation), so :meth:`finish_backward` never ran.
+
+        Called at the next root forward and at the step, outside backward; where no pass was aborted it
+        reads one flag. The reductions the pass had issued are waited for (every rank issued them: none may
+        pair with a later collective), what it staged is dropped, and the gradients it had summed already
+        are discarded: exactly when it was the first backward since the last step; otherwise they are
+        summed with the earlier backwards' of the window and cannot be told apart, so the window's
+        gradients are all dropped, with a warning.
+        """
+        if not self.armed or torch_compat.in_backward():
+            return
+        self.armed = False
+        while self.inflight:
+            self.inflight.popleft().wait()
+        self._drop_pass()
+        self.unscaled_passes -= self.pass_unscaled
+        if self._partial_in_sum():
+            if self.window_passes:
+                warnings.warn(f"a backward pass raised after part of its gradients had been summed with the "
+                              f"{self.window_passes} earlier backward pass(es) since the last step; they cannot be "
+                              "told apart, so all of them are dropped: the next step applies only the backward "
+                              "passes that follow", RuntimeWarning, stacklevel=4)
+            self.zero()
+        self.tracker.reset()
+
+    def _drop_pass(self) -> None:
+        """Drop what an unwound pass holds outside the gradients the step reads (staging, gathered units)."""
+
+    def _partial_in_sum(self) -> bool:
+        """Did the unwound pass add to the gradients the step reads? (Stages 0-1: autograd accumulates
+        into them, so any gradient that arrived did.)"""
+        return any(self.tracker.ready)
 
     def _reduces_now(self) -> bool:
         return self.sync

@@ -25,6 +25,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from zerorun.engine.comm.collectives import Collectives
@@ -70,6 +72,7 @@ class ShardedGradSync(GradSyncBase):
         self.staging: dict[int, torch.Tensor] = {}
         self.filled: dict[int, list[bool]] = {}
         self.landing: dict[int, Fence] = {}  # id of a free buffer -> the fence of the landing that reads it
+        self.additions_at_arm = 0  # the accumulator's additions when the pass was armed
 
     def _reduces_now(self) -> bool:
         return True  # DeepSpeed's stage 2 reduces on every micro-step
@@ -152,6 +155,20 @@ class ShardedGradSync(GradSyncBase):
     def owned_grads(self) -> list[torch.Tensor]:
         return [self.accum.get(i) for i in range(len(self.buckets))]
 
+    def prepare_backward(self, sync: bool) -> None:
+        self.additions_at_arm = self.accum.additions
+        super().prepare_backward(sync)
+
+    def _drop_pass(self) -> None:
+        """An unwound pass's staged gradients (never reduced): the buffers go back to the pool."""
+        self.free.extend(self.staging.values())
+        self.staging.clear()
+        self.filled.clear()
+
+    def _partial_in_sum(self) -> bool:
+        """Did the unwound pass's reductions (all complete now) add to the shards the step reads?"""
+        return self.accum.additions != self.additions_at_arm
+
     def finish_backward(self) -> None:
         super().finish_backward()
         self.accum.settle()  # the pass's chunks are in their host sums: the device buffers are free
@@ -159,6 +176,7 @@ class ShardedGradSync(GradSyncBase):
     def zero(self) -> None:
         self.accum.zero()
         self.unscaled_passes = 0
+        self.window_passes = 0
 
     def held_bytes(self) -> tuple[int, int]:
         grads = self.accum.nbytes()
@@ -182,6 +200,7 @@ class UnitGradSync(ShardedGradSync):
         if replica is not None and policy.average:  # the mean is over the world: the group's ranks x its replicas
             self.post = policy.predivide / (coll.world_size * replica.world_size)
         self.coordinator = coordinator
+        coordinator.reducer = weakref.ref(self)  # unwinds an aborted pass at each root forward (module calls too)
         self.coalesce_numel = coalesce_numel
         small = sum(b.plan.padded_numel for b in buckets if b.plan.padded_numel < coalesce_numel)
         # columns of the [world, cap] group buffer: never more than all the small buckets together
@@ -255,6 +274,12 @@ class UnitGradSync(ShardedGradSync):
         if self.replicas is not None:
             self.replicas.reopen()
         super().prepare_backward(sync)
+
+    def _drop_pass(self) -> None:
+        """Also the group being filled (never reduced), and every unit the pass left gathered."""
+        super()._drop_pass()
+        self.group, self.members, self.used = None, [], 0
+        self.coordinator.end_pass(record=False)
 
     def zero(self) -> None:
         super().zero()
