@@ -167,14 +167,16 @@ def test_a_cpu_rank_adds_the_runtime_and_what_glibc_keeps_free() -> None:
     assert terms["host_runtime"] == HOST_RUNTIME
     assert terms["allocator_retention"] == 2 * 4 * LARGEST_PARAM  # twice the largest gradient freed (fp32)
     assert physical.estimated == rows[-1].estimated == sum(v for k, v in terms.items() if k != "total")
-    # stage 3 frees a gathered unit too: the larger of the two sets the thresholds
+    # stage 3 frees gathered units beside the gradients: the larger sets the thresholds, for each kind
     at3 = {r.term: r.estimated for r in compare(_facts(3, host))[0]}
-    assert at3["allocator_retention"] == 2 * 4 * max(LARGEST_PARAM, UNIT // 2)
+    assert at3["allocator_retention"] == 2 * 2 * 4 * max(LARGEST_PARAM, UNIT // 2)
     # a GPU's peak is the CUDA allocator's: no host rows
     gpu = [{**h, "device_peak_allocated": MiB} for h in host]
     assert not {"host_runtime", "allocator_retention"} & {r.term for r in compare(_facts(2, gpu))[0]}
     # glibc's dynamic thresholds stop at 32 MiB; fixed ones keep what the trim threshold says
     assert allocator_retention(10**9, {}) == 2 * MMAP_THRESHOLD_MAX
+    assert allocator_retention(10**9, {}, kinds=2) == 4 * MMAP_THRESHOLD_MAX
+    assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": "131072"}, kinds=2) == 131072  # fixed: nothing moves
     assert allocator_retention(10**9, {"MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_MMAP_THRESHOLD_": "131072"}) == 131072
     assert allocator_retention(10**9, {"MALLOC_MMAP_THRESHOLD_": "65536"}) == 128 * 1024
     assert any(n.startswith("host:") for n in notes)
