@@ -34,6 +34,8 @@ Checks (figures in ``summary.json``, one entry per check with ``passed``):
 * ``throughput/stage{0..3}``, ``throughput/stage{2,3}-offload_cpu``: a 1B-class GPT (0.87B parameters,
   bf16, AdamW, 4 x 1024 tokens; the optimizer in pinned host memory for the offload rows):
   step time, tokens/s, model TFLOPs (6 per parameter per token + attention), peak memory.
+* ``compile/stage{2,3}``: ``engine.compile()`` (inductor) against eager on the parity GPT: the same
+  losses, and the compiled/eager step time (bench/gpu_check_compile.py).
 
 * ``engine/live-stage{0..3}``: the engine with every collective issued at world 1
   (``ZERORUN_CHECK_COLLECTIVES=live``) on the bootstrap's backend and device (NCCL's policy:
@@ -84,6 +86,7 @@ import zerorun.engine.comm.bootstrap  # noqa: E402
 from bench import gpu_check_device as device_checks  # noqa: E402
 from bench import gpu_check_plan  # noqa: E402
 from bench import gpu_check_stress as stress  # noqa: E402
+from bench.gpu_check_compile import check_compile  # noqa: E402
 from bench.gpu_check_model import (  # noqa: E402
     CPU_SIZES,
     GPU_SIZES,
@@ -300,6 +303,8 @@ def checks(s: Sizes, device: torch.device, scratch: Path, dry: bool) -> list[tup
         out.append((f"throughput/stage{stage}", lambda st=stage: check_throughput(s, st)))
     for stage in (2, 3):  # the host step (fused AdamW on the host's cores) is the step's speed here
         out.append((f"throughput/stage{stage}-offload_cpu", lambda st=stage: check_throughput(s, st, offload=True)))
+    for stage in (2, 3):  # bench/gpu_check_compile.py
+        out.append((f"compile/stage{stage}", lambda st=stage: check_compile(s, st, dry)))
     return out
 
 

@@ -21,7 +21,8 @@ LIMIT_S = 480  # scripts/gpu_check.sh stops the run here
 # seconds per check, by name prefix (estimates; the first GPU run replaces them with figures)
 BUDGET_S = {"setup": 2, "parity/": 3, "stage3/zero_init": 3, "stage3/offload_cpu": 4, "stage3/offload_nvme": 5,
             "checkpoint/": 4, "memory/": 8, "engine/live": 4, "stage3/nvme-pinned": 15, "setup/": 6,
-            "collectives/": 1, "sanitizer/": 60, "syncs/": 3, "throughput/": 20}
+            "collectives/": 1, "sanitizer/": 60, "syncs/": 3, "throughput/": 20,
+            "compile/": 40}
 GiB = 2**30
 
 
@@ -94,6 +95,9 @@ def plan(sizes: Any, make_model: Callable[[Any], torch.nn.Module], config: Calla
             what = "the world group serves cuda with nccl (the bootstrap's device and backend)"
         elif name.startswith("collectives/"):
             what = "all_reduce x2, reduce_scatter, all_gather, broadcast at world 1: identity; outside-allocator <= 1 GiB"
+        elif name.startswith("compile/"):
+            what = (f"{par_psi:,} parameters, fp32, {sizes.steps} steps + 2 eager, then compiled (inductor): losses "
+                    "rtol 1e-4, compiled/eager step time reported")
         elif name.startswith("sanitizer/"):
             what = "the parity checks again under TORCH_CUDA_SANITIZER=1: 0 races"
         else:

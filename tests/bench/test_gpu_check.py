@@ -21,7 +21,7 @@ EXPECTED = (["setup"] + [f"parity/stage{s}-{d}" for s in range(4) for d in ("fp3
             + ["stage3/nvme-pinned"] + [f"setup/stage{s}" for s in range(3)]
             + ["collectives/world1", "sanitizer/parity"]
             + [f"syncs/stage{s}" for s in range(4)] + [f"throughput/stage{s}" for s in range(4)]
-            + [f"throughput/stage{s}-offload_cpu" for s in (2, 3)])
+            + [f"throughput/stage{s}-offload_cpu" for s in (2, 3)] + [f"compile/stage{s}" for s in (2, 3)])
 
 
 def test_gpu_check_dry_mode_runs_every_check_and_passes(tmp_path: Path) -> None:
