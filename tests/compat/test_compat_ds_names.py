@@ -3,7 +3,7 @@
 partition_parameters.MultipleAllGatherHandles`` / ``partitioned_param_data_shape``, ``deepspeed.runtime.zero.
 unwrap_model_for_generation`` and ``deepspeed.runtime.zero.leaf_module_config``, under ``import deepspeed``; and
 ``InsertPostInitMethodToModuleSubClasses`` (the base of ``zero.Init``, with no ``linear_bk``: no torch function is
-replaced) and ``zero3_linear_wrap`` (torch's linear)."""
+replaced) and ``zero3_linear_wrap`` (the one of ``deepspeed.runtime.zero.linear``, never installed as ``F.linear``)."""
 
 from __future__ import annotations
 
@@ -56,12 +56,15 @@ from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus as Statu
 from deepspeed.utils import set_log_level_from_string, logger
 set_log_level_from_string("ERROR")
 from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses, zero3_linear_wrap
+from deepspeed.runtime.zero import linear as zero_linear
 import deepspeed, torch
 x, w, b = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
 linear = {"base": issubclass(deepspeed.zero.Init, InsertPostInitMethodToModuleSubClasses),
           "no_backup": not hasattr(InsertPostInitMethodToModuleSubClasses, "linear_bk"),
           "same": torch.equal(zero3_linear_wrap(x, w, b), torch.nn.functional.linear(x, w, b)),
-          "torchs": torch.nn.functional.linear is torch._C._nn.linear}
+          "torchs": torch.nn.functional.linear is torch._C._nn.linear,
+          "wrap": zero3_linear_wrap is zero_linear.zero3_linear_wrap
+          and issubclass(zero_linear.LinearFunctionForZeroStage3, torch.autograd.Function)}
 zero = DeepSpeedZeroConfig(**{"leaf_module": {"classes": "my.Class"}, "stage3_module_granularity_threshold": 7})
 print(json.dumps({"cm": callable(unwrap_model_for_generation) and not inspect.ismodule(unwrap_model_for_generation),
                   "shape": partitioned_param_data_shape, "defaults": DeepSpeedZeroConfig().leaf_module.classes
@@ -77,7 +80,8 @@ def test_the_names_import_under_deepspeed() -> None:
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"cm": True, "shape": [0], "defaults": True, "leaf": ["my.Class"], "threshold": 7, "status": True,
-                   "level": logging.ERROR, "base": True, "no_backup": True, "same": True, "torchs": True}
+                   "level": logging.ERROR, "base": True, "no_backup": True, "same": True, "torchs": True,
+                   "wrap": True}
 
 
 def test_log_level_from_a_name_sets_the_logger_and_its_handlers() -> None:

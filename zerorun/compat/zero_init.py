@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from zerorun import zero
+from zerorun.compat.linear import zero3_linear_wrap
 from zerorun.errors import unsupported
 
 
@@ -39,15 +38,9 @@ class InsertPostInitMethodToModuleSubClasses:  # noqa: N801  DeepSpeed's name
 
     DeepSpeed keeps on it the ``torch.nn.functional.linear`` that ``memory_efficient_linear``
     replaced (``linear_bk``); zerorun replaces no torch function, so it never has that
-    attribute, and ``F.linear`` stays torch's whatever the key says.
+    attribute, and ``F.linear`` stays torch's whatever the key says (``zero3_linear_wrap``,
+    :mod:`zerorun.compat.linear`, is there to call directly).
     """
-
-
-def zero3_linear_wrap(input: torch.Tensor, weight: torch.Tensor,  # noqa: A002  DeepSpeed's argument names
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
-    """DeepSpeed's memory-efficient ``F.linear``: here torch's, which saves nothing that keeps a released
-    stage-3 bucket's bytes (a release frees the storage in place). zerorun never installs it as ``F.linear``."""
-    return F.linear(input, weight, bias)
 
 
 class Init(zero.Init, InsertPostInitMethodToModuleSubClasses):

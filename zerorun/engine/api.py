@@ -35,7 +35,7 @@ from zerorun.engine.numerics import precision as precision_mod
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.policy import policy_for_stage
-from zerorun.engine.surface import ds_param_attrs
+from zerorun.engine.surface import ds_param_attrs, flat_groups
 from zerorun.engine.surface.parameter_offload import ParameterOffload, install_module_surface
 from zerorun.engine.training.dataloader import build_dataloader
 from zerorun.engine.training.host_kernel import warn_client
@@ -258,7 +258,7 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,
                            zero.mics_hierarchical_params_gather) if stage.shard_parameters else None)
     parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload, groups)
-    _deepspeed_attributes(model, opt, parts)
+    _deepspeed_attributes(model, opt, parts, stage)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     _compile_if_configured(engine, cfg)
@@ -272,7 +272,7 @@ def _compile_if_configured(engine: Engine, cfg: ZerorunConfig) -> None:
         engine.compile(backend=cfg.compile.backend, compile_kwargs=dict(cfg.compile.kwargs))
 
 
-def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts) -> None:
+def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts, stage: StagePolicy) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
     if not hasattr(opt, "overflow"):
@@ -280,6 +280,8 @@ def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: P
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
         ds_param_attrs.sync_all([*parts.buckets, *parts.frozen])
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
+    elif stage.shard_optimizer:  # ZeRO-1/2: the parameters are views of flat buffers, DeepSpeed's bit16_groups_flat
+        flat_groups.expose(opt, parts.buckets)
 
 
 def _attach_loader(engine: Engine, training_data: Dataset[Any] | None,

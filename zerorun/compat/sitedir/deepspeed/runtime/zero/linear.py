@@ -1,0 +1,3 @@
+"""``deepspeed.runtime.zero.linear`` -> :mod:`zerorun.compat.linear`."""
+
+from zerorun.compat.linear import *  # noqa: F403

@@ -1,0 +1,80 @@
+"""``optimizer.bit16_groups_flat`` and the flatten log line of DeepSpeed's ZeRO-1/2 optimizer.
+
+At stages 1 and 2 the parameters are views of flat buffers in the compute dtype on the engine's
+device (:class:`~zerorun.engine.mechanism.buckets.FlatBucket`), what DeepSpeed's ZeRO-1/2 optimizer
+keeps as ``bit16_groups_flat``. Two differences: DeepSpeed has one flat buffer per parameter group,
+zerorun one per bucket (a group's parameters span several buckets: ``reduce_bucket_size``, capped on
+gloo; each bucket's ``plan.group_index`` names its group), and the list is read from the live buckets
+at each access, so a bucket whose tensor is replaced (``engine.offload_states()`` moves it off the
+device and back) is never seen stale. It is exposed where DeepSpeed's ZeRO-1/2 optimizer has it:
+stage 0 keeps no partitioned optimizer (DeepSpeed's stage-0 optimizers name their buffers
+``bf16_groups_flat`` / ``fp16_groups_flat``), and stage 3's buckets are sharded.
+
+The log line ``Flattening param group N on DEVICE (sufficient memory)`` goes, once per parameter
+group, at INFO, to DeepSpeed's logger (``logging.getLogger("DeepSpeed")``, the object
+``deepspeed.utils.logger`` is in the compatibility layer, its ``.info`` looked up at each call).
+It is true in zerorun's terms: every bucket is made on the engine's device, one at a time. A
+script on zerorun's own API has no handler on that logger and no level set, so INFO stays silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import overload
+
+import torch
+
+from zerorun.engine.mechanism.buckets import FlatBucket
+
+LOGGER_NAME = "DeepSpeed"
+"""The name of DeepSpeed's logger (``deepspeed.utils.logger``; zerorun.compat.utils gives it DeepSpeed's handler)."""
+
+
+class FlatGroups(Sequence[torch.Tensor]):
+    """The flat parameter buffer of every bucket, in layout order, read from the buckets at each access.
+
+    Each item is the bucket's buffer itself (no copy, never part of an autograd graph: ``grad_fn`` is None),
+    so writing into it writes the parameters. The buckets are held weakly: the engine owns them."""
+
+    def __init__(self, buckets: list[FlatBucket]) -> None:
+        self._buckets = [weakref.ref(b) for b in buckets]
+
+    def _live(self) -> list[torch.Tensor]:
+        return [b.data for b in (ref() for ref in self._buckets) if b is not None]
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._live())
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{t.numel()} x {t.dtype} on {t.device}" for t in self._live())
+        return f"FlatGroups([{shapes}])"
+
+
+def expose(optimizer: torch.optim.Optimizer, buckets: list[FlatBucket]) -> None:
+    """Set ``optimizer.bit16_groups_flat`` over ``buckets`` and log the flatten line once per parameter group."""
+    optimizer.bit16_groups_flat = FlatGroups(buckets)  # type: ignore[attr-defined]
+    by_group: dict[int, list[FlatBucket]] = {}
+    for b in buckets:
+        by_group.setdefault(b.plan.group_index, []).append(b)
+    for gi, group in sorted(by_group.items()):
+        device, dtype = group[0].data.device, group[0].data.dtype
+        numel = sum(b.plan.numel for b in group)
+        # looked up now: a test (DeepSpeed's own) may have replaced the logger's .info
+        logging.getLogger(LOGGER_NAME).info(
+            f"Flattening param group {gi} on {device.type} (sufficient memory): {numel} elements in {len(group)} "
+            f"flat bucket(s) of {dtype}, each made on {device} (the engine's device) one at a time; the parameters "
+            f"are views of them (optimizer.bit16_groups_flat)")
