@@ -1,5 +1,5 @@
 """``engine.coalesce_grad_reduction()`` (DeepSpeed 0.19.8's context) at stages 1-3, world 2, against the same
-training without the block and against one process.
+training without the block (bit-exact) and against one process.
 
 Semantics under test (see zerorun/engine/mechanism/grad_sync.py): one with-block is one optimizer step; the
 ``engine.backward`` passes inside keep their gradients local (stage 1: no reduction until the exit; stages
@@ -23,22 +23,25 @@ from tests.engine.test_engine_cases import MICRO_BATCH, global_batch, loss_fn, m
 STEPS = 2
 PASSES = 3
 LR = 0.05
+CASES = ("1", "2", "3", "3-mics")  # the stage; MiCS: the replica sum the exit completes
 
 
-def _config(stage: int) -> dict:
+def _config(stage: int, mics: bool = False) -> dict:
     zero: dict = {"stage": stage, "reduce_bucket_size": 60, "overlap_comm": True}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0  # every unit partitioned
+    if mics:  # shard groups of one rank: the replica sum at the boundary does all the averaging
+        zero["mics_shard_size"] = 1
     return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
             "gradient_clipping": 0.0, "steps_per_print": 10**6,
             "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": 0.9}}, "zero_optimization": zero}
 
 
-def _train(stage: int, coalesce: bool, rank: int, world: int) -> list[torch.Tensor]:
+def _train(case: str, coalesce: bool, rank: int, world: int) -> list[torch.Tensor]:
     import zerorun
 
     model = make_model()
-    engine, _, _, _ = zerorun.initialize(model=model, config=_config(stage))
+    engine, _, _, _ = zerorun.initialize(model=model, config=_config(int(case[0]), mics="mics" in case))
     for step in range(STEPS):
         x, y = global_batch(step, MICRO_BATCH * world * PASSES)
         with engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext():
@@ -98,7 +101,7 @@ def _misuse(rank: int, world: int) -> dict[str, str]:
 
 
 def _all(rank: int, world: int) -> dict:
-    out: dict = {f"{s}-{c}": _train(s, c, rank, world) for s in (1, 2, 3) for c in (False, True)}
+    out: dict = {f"{s}-{c}": _train(s, c, rank, world) for s in CASES for c in (False, True)}
     out["misuse"] = _misuse(rank, world)
     return out
 
@@ -122,13 +125,13 @@ def results() -> list[dict]:
     return run_distributed(_all, 2, timeout=240)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_coalesced_steps_equal_the_same_passes_without_the_block(results: list[dict], stage: int) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_coalesced_steps_equal_the_same_passes_without_the_block(results: list[dict], case: str) -> None:
     want = _reference(2)
     for rank, r in enumerate(results):
-        plain, coalesced = r[f"{stage}-False"], r[f"{stage}-True"]
+        plain, coalesced = r[f"{case}-False"], r[f"{case}-True"]
         for i, (a, b, w) in enumerate(zip(plain, coalesced, want, strict=True)):
-            assert (a - b).abs().max().item() <= 1e-6, f"rank {rank} param {i}: block differs from no block"
+            assert torch.equal(a, b), f"rank {rank} param {i}: block differs from no block (bit-exact expected)"
             torch.testing.assert_close(b, w, rtol=1e-5, atol=1e-6, msg=f"rank {rank} param {i} vs one process")
 
 
