@@ -25,3 +25,8 @@ class DeepSpeedAssertion(EngineError, AssertionError):
 
 class NoSyncMisuse(DeepSpeedAssertion):
     """``no_sync()`` at stage 2/3, entered twice, or ``step()`` inside it."""
+
+
+class CoalesceUnsupported(EngineError, NotImplementedError):
+    """``coalesce_grad_reduction()`` where DeepSpeed refuses it (stage 0, pipeline parallelism): also a
+    ``NotImplementedError``, which DeepSpeed raises there."""

@@ -59,6 +59,20 @@ class FullGradSync(GradSyncBase):
 
     def finish_backward(self) -> None:
         super().finish_backward()
+        self._detach_reduced()
+
+    def reduce_held(self) -> None:
+        """Reduce every bucket once, in bucket order: the sum the non-syncing passes accumulated in the
+        buffers (a slot no gradient reached is zeroed first, as on a boundary pass)."""
+        self.sync = True
+        self.tracker.reset()
+        for i in range(len(self.buckets)):
+            self._launch(i)
+        while self.inflight:
+            self.inflight.popleft().wait()
+        self._detach_reduced()
+
+    def _detach_reduced(self) -> None:
         for b, reduced in zip(self.buckets, self.reduced, strict=True):
             if reduced:  # a later pass must hand in its gradient alone: autograd assigns a new .grad
                 for p in b.params:

@@ -64,6 +64,12 @@ routes ``model.zero_grad()`` and ``optimizer.zero_grad()`` to it
 ``None`` is noticed at the next gradient or step (stages 0-1; at stage 1 not after the
 boundary reduction, which holds the reduced gradient itself).
 
+Coalesced reduction (``engine.coalesce_grad_reduction()``, DeepSpeed's name): the passes inside the
+block are non-syncing ones, and on exit :meth:`GradSyncBase.reduce_held` reduces what they left local,
+once, as a boundary pass would. Stages 0-1 hold the whole gradients, so every bucket is reduced there,
+once per step; stages 2-3 hold none (each pass reduce-scattered into the shard already), so only MiCS's
+replica sum is left for the exit.
+
 Averaging: gradients are multiplied by ``1/predivide`` before the reduction and by
 ``predivide/world`` after it (DeepSpeed's ``gradient_predivide_factor``).
 """
@@ -216,6 +222,11 @@ class GradSyncBase:
                               "passes that follow", RuntimeWarning, stacklevel=4)
             self.zero()
         self.tracker.reset()
+
+    def reduce_held(self) -> None:
+        """Reduce what the non-syncing passes since the last reduction left local, as the boundary pass
+        would have (``engine.coalesce_grad_reduction()``'s exit). Here (stage 2) every pass already
+        reduce-scattered its gradients into the shard: nothing is held."""
 
     def _drop_pass(self) -> None:
         """Drop what an unwound pass holds outside the gradients the step reads (staging, gathered units)."""

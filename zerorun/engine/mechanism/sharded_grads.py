@@ -270,6 +270,11 @@ class UnitGradSync(ShardedGradSync):
             self.replicas.reduce()
         self.coordinator.end_pass()
 
+    def reduce_held(self) -> None:
+        """The passes reduce-scattered already; MiCS's replica sum, which non-syncing passes skip, is left."""
+        if self.replicas is not None and not self.replicas.summed:
+            self.replicas.reduce()
+
     def prepare_backward(self, sync: bool) -> None:
         if self.replicas is not None:
             self.replicas.reopen()

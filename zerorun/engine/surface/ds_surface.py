@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerorun.engine.errors import NoSyncMisuse, rank_prefixed
+from zerorun.engine.errors import CoalesceUnsupported, NoSyncMisuse, rank_prefixed
 from zerorun.engine.surface.tput_timer import TputTimer
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ class DeepSpeedSurface:
 
     _no_sync = False
     _boundary_override: bool | None = None
+    pipeline_parallelism: bool = False
+    """DeepSpeed's flag for a ``PipelineEngine``; zerorun has none (``deepspeed.pipe`` is refused), so False."""
 
     # ---- where this rank sits ------------------------------------------------------------------
     @property
@@ -102,6 +104,47 @@ class DeepSpeedSurface:
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Override the count-based boundary (DeepSpeed's pipeline/HF-accelerate hook)."""
         self._boundary_override = bool(is_boundary)
+
+    @property
+    def _is_gradient_accumulation_boundary(self) -> bool | None:
+        """DeepSpeed's attribute: the boundary the script set, None where the step count decides."""
+        return self._boundary_override
+
+    @_is_gradient_accumulation_boundary.setter
+    def _is_gradient_accumulation_boundary(self, value: bool | None) -> None:
+        self._boundary_override = None if value is None else bool(value)
+
+    @contextlib.contextmanager
+    def coalesce_grad_reduction(self) -> Iterator[None]:
+        """One with-block is one optimizer step's backward passes: each ``backward`` inside keeps its
+        gradients local, and the exit reduces what they summed, once (DeepSpeed 0.19.8's context).
+
+        ``step()`` inside raises, as does nesting with :meth:`no_sync` either way; stage 0 raises
+        ``NotImplementedError``, as in DeepSpeed. The boundary the script set (``_is_gradient_accumulation_boundary``)
+        is what it was at entry again after the exit. Stages 2-3 hold no full gradients: their passes
+        reduce-scatter into the gradient shard as accumulation does, and the exit only completes the step's
+        sum (the result is the same; see docs/compat.md)."""
+        if self.zero_optimization_stage() == 0:
+            raise CoalesceUnsupported(rank_prefixed(self.ctx.rank, "coalesce_grad_reduction requires ZeRO stage "
+                                                    f"1/2/3, got stage {self.zero_optimization_stage()}"),
+                                      "use no_sync() at stage 0")
+        if self.pipeline_parallelism:
+            raise CoalesceUnsupported(rank_prefixed(self.ctx.rank, "coalesce_grad_reduction is not supported "
+                                                    "under pipeline parallelism"))
+        if self._no_sync:
+            raise NoSyncMisuse(rank_prefixed(self.ctx.rank, "coalesce_grad_reduction cannot be nested inside "
+                                             "another no_sync context"),
+                               "leave no_sync() (or the outer coalesce_grad_reduction()) first")
+        saved = self._boundary_override
+        self._no_sync = True  # as DeepSpeed's shared flag: backward keeps gradients local, step() and no_sync() raise
+        try:
+            yield
+        finally:
+            self._no_sync = False
+            sync = self.parts.grad_sync
+            sync.unwind_aborted()  # a backward that raised inside adds nothing
+            sync.reduce_held()
+            self._boundary_override = saved
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
