@@ -18,6 +18,7 @@ from torch.distributed import ReduceOp
 
 from zerorun.engine.comm import bootstrap
 from zerorun.engine.comm import script as coll
+from zerorun.engine.comm.comms_logger import LOGGER as comms_logger
 from zerorun.engine.errors import DeepSpeedAssertion
 
 ProcessGroup = dist.ProcessGroup
@@ -150,13 +151,55 @@ def broadcast_object_list(object_list: list[Any], src: int, group: Any = None, d
     coll.script_broadcast_object_list(object_list, src, group)
 
 
-def log_summary(show_straggler: bool = False) -> None:
-    """DeepSpeed's comms logger summary; zerorun counts the engine's traffic in ``engine.comm_stats()``."""
-    print("[zerorun] communication figures: see engine.comm_stats()", flush=True)
+def configure(deepspeed_config: Any = None, enabled: bool | None = None, prof_all: bool | None = None,
+              prof_ops: list[str] | None = None, verbose: bool | None = None, debug: bool | None = None) -> None:
+    """Set the communication logger: from a config's ``comms_config`` (``DeepSpeedConfig``) or
+    ``comms_logger`` block, then each flag given."""
+    if deepspeed_config is not None:
+        block = getattr(deepspeed_config, "comms_config", None) or getattr(deepspeed_config, "comms_logger",
+                                                                           deepspeed_config)
+        comms_logger.configure(block)
+    for name, value in (("enabled", enabled), ("prof_all", prof_all), ("prof_ops", prof_ops), ("verbose", verbose),
+                        ("debug", debug)):
+        if value is not None:
+            setattr(comms_logger, name, value)
+
+
+def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict[str, Any] | None:
+    """Print (rank 0) the communication logger's table of the engine's collectives; every rank calls it."""
+    barrier()
+    result = comms_logger.log_all(print_log=get_rank() == 0, show_straggler=show_straggler, return_dict=return_dict,
+                                  reduce_min=_min_across_ranks)
+    barrier()
+    return result
+
+
+def _min_across_ranks(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        coll.script_all_reduce(t, ReduceOp.MIN, None, False)
+    return t.tolist()
+
+
+def reset_log() -> None:
+    comms_logger.reset_data()
+
+
+def has_comm_data() -> bool:
+    return comms_logger.has_data()
+
+
+def get_comm_operation_count() -> int:
+    return comms_logger.get_total_operations()
+
+
+def get_logged_comm_ops() -> list[str]:
+    return comms_logger.get_operation_names()
 
 
 __all__ = ["ProcessGroup", "ReduceOp", "Work", "all_gather", "all_gather_into_tensor", "all_gather_object",
            "all_reduce", "all_to_all_single", "allgather_fn", "barrier", "broadcast", "broadcast_object_list",
-           "destroy_process_group", "gather", "get_backend", "get_global_rank", "get_local_rank", "get_rank",
-           "get_world_group", "get_world_size", "inference_all_reduce", "init_distributed", "is_available",
-           "is_initialized", "log_summary", "new_group", "reduce", "reduce_scatter_tensor", "scatter"]
+           "comms_logger", "configure", "destroy_process_group", "gather", "get_backend", "get_comm_operation_count",
+           "get_global_rank", "get_local_rank", "get_logged_comm_ops", "get_rank", "get_world_group",
+           "get_world_size", "has_comm_data", "inference_all_reduce", "init_distributed", "is_available",
+           "is_initialized", "log_summary", "new_group", "reduce", "reduce_scatter_tensor", "reset_log", "scatter"]
