@@ -167,10 +167,12 @@ def configure(deepspeed_config: Any = None, enabled: bool | None = None, prof_al
 
 def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict[str, Any] | None:
     """Print (rank 0) the communication logger's table of the engine's collectives; every rank calls it."""
-    barrier()
+    if dist.is_initialized():  # DeepSpeed's barriers around it (it needs a group; a world of one here does not)
+        barrier()
     result = comms_logger.log_all(print_log=get_rank() == 0, show_straggler=show_straggler, return_dict=return_dict,
                                   reduce_min=_min_across_ranks)
-    barrier()
+    if dist.is_initialized():
+        barrier()
     return result
 
 
