@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from zerorun.compat.comm_timing import nbytes, timed
 from zerorun.engine.comm import bootstrap
 from zerorun.engine.comm import script as coll
 from zerorun.engine.comm.comms_logger import LOGGER as comms_logger
@@ -84,63 +85,70 @@ def destroy_process_group(group: Any = None) -> None:
     dist.destroy_process_group(group)
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Any:
-    return coll.script_barrier(group)
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, **log: Any) -> Any:
+    return timed("barrier", 0, lambda: coll.script_barrier(group), log)
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-               prof: bool = False, log_name: str = "all_reduce", debug: str = "") -> Any:
-    return coll.script_all_reduce(tensor, op, group, async_op)
+               **log: Any) -> Any:
+    """``prof=``, ``log_name=`` (and every collective's): the communication logger's (comm_timing)."""
+    return timed("all_reduce", nbytes(tensor), lambda: coll.script_all_reduce(tensor, op, group, async_op), log)
 
 
-def inference_all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None) -> Any:
-    return coll.script_all_reduce(tensor, op, group, False)
+def inference_all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, **log: Any) -> Any:
+    return timed("inference_all_reduce", nbytes(tensor), lambda: coll.script_all_reduce(tensor, op, group, False),
+                 log)
 
 
 def reduce(tensor: torch.Tensor, dst: int, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
-           **_: Any) -> Any:
-    return coll.script_reduce(tensor, dst, op, group, async_op)
+           **log: Any) -> Any:
+    return timed("reduce", nbytes(tensor), lambda: coll.script_reduce(tensor, dst, op, group, async_op), log)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False, **_: Any) -> Any:
-    return coll.script_broadcast(tensor, src, group, async_op)
+def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False, **log: Any) -> Any:
+    return timed("broadcast", nbytes(tensor), lambda: coll.script_broadcast(tensor, src, group, async_op), log)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False,
-               **_: Any) -> Any:
-    return coll.script_all_gather(tensor_list, tensor, group, async_op)
+               **log: Any) -> Any:
+    return timed("all_gather", nbytes(tensor), lambda: coll.script_all_gather(tensor_list, tensor, group, async_op),
+                 log)
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
-                           async_op: bool = False, **_: Any) -> Any:
-    return coll.script_all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+                           async_op: bool = False, **log: Any) -> Any:
+    return timed("all_gather_into_tensor", nbytes(input_tensor),
+                 lambda: coll.script_all_gather_into_tensor(output_tensor, input_tensor, group, async_op), log)
 
 
 allgather_fn = all_gather_into_tensor
 
 
 def reduce_scatter_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, op: Any = ReduceOp.SUM,
-                          group: Any = None, async_op: bool = False, **_: Any) -> Any:
-    return coll.script_reduce_scatter_tensor(output_tensor, input_tensor, op, group, async_op)
+                          group: Any = None, async_op: bool = False, **log: Any) -> Any:
+    return timed("reduce_scatter_tensor", nbytes(output_tensor),
+                 lambda: coll.script_reduce_scatter_tensor(output_tensor, input_tensor, op, group, async_op), log)
 
 
 def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, output_split_sizes: Any = None,
-                      input_split_sizes: Any = None, group: Any = None, async_op: bool = False, **_: Any) -> Any:
+                      input_split_sizes: Any = None, group: Any = None, async_op: bool = False, **log: Any) -> Any:
     if output_split_sizes is not None or input_split_sizes is not None:
         from zerorun.errors import unsupported
 
         unsupported("uneven all_to_all_single splits (deepspeed.comm.all_to_all_single)")
-    return coll.script_all_to_all_single(output, tensor, group, async_op)
+    return timed("all_to_all_single", nbytes(tensor), lambda: coll.script_all_to_all_single(output, tensor, group,
+                                                                                          async_op), log)
 
 
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0, group: Any = None,
-           async_op: bool = False) -> Any:
-    return coll.script_gather(tensor, gather_list, dst, group, async_op)
+           async_op: bool = False, **log: Any) -> Any:
+    return timed("gather", nbytes(tensor), lambda: coll.script_gather(tensor, gather_list, dst, group, async_op), log)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0, group: Any = None,
-            async_op: bool = False) -> Any:
-    return coll.script_scatter(tensor, scatter_list, src, group, async_op)
+            async_op: bool = False, **log: Any) -> Any:
+    return timed("scatter", nbytes(tensor), lambda: coll.script_scatter(tensor, scatter_list, src, group, async_op),
+                 log)
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
@@ -168,11 +176,11 @@ def configure(deepspeed_config: Any = None, enabled: bool | None = None, prof_al
 def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict[str, Any] | None:
     """Print (rank 0) the communication logger's table of the engine's collectives; every rank calls it."""
     if dist.is_initialized():  # DeepSpeed's barriers around it (it needs a group; a world of one here does not)
-        barrier()
+        barrier(log_name="log_summary_barrier")
     result = comms_logger.log_all(print_log=get_rank() == 0, show_straggler=show_straggler, return_dict=return_dict,
                                   reduce_min=_min_across_ranks)
     if dist.is_initialized():
-        barrier()
+        barrier(log_name="log_summary_barrier")
     return result
 
 

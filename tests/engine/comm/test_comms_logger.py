@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 import pytest
+import torch
 
 from tests.dist_harness import run_distributed
 from zerorun.config import load_config
@@ -95,11 +96,22 @@ def _train(rank: int, world: int) -> list[tuple[int, dict[str, Any], dict[str, d
             x, y = global_batch(step, 2 * world)
             engine.backward(loss_fn(engine(x[rank::world]), y[rank::world]))
             engine.step()
+        out.append((stage, engine.comm_stats(), {k: dict(v) for k, v in cl.LOGGER.get_raw_data().items()}))
         table = dscomm.log_summary(show_straggler=True, return_dict=True)  # deepspeed.comm's, on every rank
         assert table is not None and set(table["summary"]) == set(table["straggler_analysis"])
-        out.append((stage, engine.comm_stats(), cl.LOGGER.get_raw_data()))
+        assert "log_summary_barrier" in table["summary"]  # its barriers are logged, as DeepSpeed's
         engine.destroy()
-    cl.LOGGER.enabled = False
+    cl.LOGGER.reset_data()  # the script's own collectives: prof=, log_name=, prof_ops, debug
+    dscomm.configure(prof_all=False, debug=True)
+    t = torch.ones(8)
+    dscomm.all_reduce(t, prof=True, log_name="mine")
+    dscomm.broadcast(t, 0)  # not profiled
+    cl.LOGGER.start_profiling_op(["all_gather_into_tensor"])
+    dscomm.all_gather_into_tensor(torch.empty(8 * world), t, async_op=True)
+    raw = cl.LOGGER.get_raw_data()
+    assert sorted(raw) == ["all_gather_into_tensor | [Caller Func: _train]", "mine | [Caller Func: _train]"], raw
+    assert raw["mine | [Caller Func: _train]"][32][0] == 1 and t.tolist() == [float(world)] * 8
+    dscomm.configure(enabled=False, prof_all=True, debug=False, prof_ops=[])
     return out
 
 
