@@ -43,7 +43,6 @@ NO_EFFECT: dict[str, str] = {
     "activation_checkpointing.contiguous_memory_optimization": "checkpoints keep no contiguous buffer",
     "activation_checkpointing.synchronize_checkpoint_boundary": "checkpoint boundaries do not synchronise",
     "activation_checkpointing.profile": "checkpointed regions are not timed",
-    "comms_logger.debug": "the engine's collectives are logged under their op names, without the caller's",
     "flops_profiler.enabled": "there is no flops profiler; engine figures report throughput",
     "checkpoint.load_universal": "checkpoints always load at any world size",
     "checkpoint.use_node_local_storage": "checkpoints are written to the given directory",

@@ -190,7 +190,8 @@ class CommsLoggerConfig(Block):
     prof_ops: list[Str] = Field(default_factory=list, description="Collectives to profile by DeepSpeed's name "
                                                                   "(all_reduce, all_gather_into_tensor, ...).")
     verbose: Bool = Field(False, description="Log each recorded collective on rank 0 as it completes.")
-    debug: Bool = Field(False, description="DeepSpeed appends the calling function to the logged name.")
+    debug: Bool = Field(False, description="Log the script's deepspeed.comm calls with the calling function in "
+                                           "the name (the engine's collectives keep their op names).")
 
 
 class FlopsProfilerConfig(Block):

@@ -70,15 +70,16 @@ def test_summary_keeps_the_records_paired() -> None:
     assert not log.has_data()
 
 
-def test_the_block_is_read_and_only_debug_warns() -> None:
+def test_the_block_is_read_without_a_warning() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = load_config({"train_batch_size": 1, "comms_logger": {"enabled": True, "prof_ops": ["all_reduce"],
-                                                                   "prof_all": False, "verbose": True}})
+                                                                   "prof_all": False, "verbose": True,
+                                                                   "debug": True}})
     assert not [w for w in caught if issubclass(w.category, ConfigWarning)]
     log = CommsLogger()
     log.configure(cfg.comms_logger)
-    assert (log.enabled, log.prof_all, log.prof_ops, log.verbose) == (True, False, ["all_reduce"], True)
+    assert (log.enabled, log.prof_all, log.prof_ops, log.verbose, log.debug) == (True, False, ["all_reduce"], True, True)
 
 
 def _train(rank: int, world: int) -> list[tuple[int, dict[str, Any], dict[str, dict[int, list[Any]]]]]:
