@@ -1,7 +1,7 @@
 """``deepspeed.comm.config``: the ``comms_logger`` block as DeepSpeed parses it.
 
-zerorun accepts ``comms_logger`` with a "no effect" warning (its engine counts bytes per
-collective in ``engine.comm_stats()`` instead); scripts that read the parsed block get
+zerorun's engine records its collectives into the communication logger when the block enables it
+(:mod:`zerorun.engine.comm.comms_logger`); scripts that read the parsed block get
 DeepSpeed's values and defaults.
 """
 

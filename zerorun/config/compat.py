@@ -24,7 +24,6 @@ IGNORED = (
     "wandb",
     "csv_monitor",
     "comet",
-    "comms_logger",
     "dump_state",
     "autotuning",
     "dataloader_drop_last",

@@ -18,6 +18,7 @@ from zerorun.config.schema_blocks import (
     AmpConfig,
     Bf16Config,
     CheckpointConfig,
+    CommsLoggerConfig,
     CompileConfig,
     FlopsProfilerConfig,
     Fp16Config,
@@ -100,6 +101,9 @@ class ZerorunConfig(Block):
     )
     flops_profiler: FlopsProfilerConfig = Field(
         default_factory=FlopsProfilerConfig, description="The flops profiler."
+    )
+    comms_logger: CommsLoggerConfig = Field(
+        default_factory=CommsLoggerConfig, description="The communication logger (deepspeed.comm.log_summary)."
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoint behaviour."

@@ -1,6 +1,6 @@
 """The smaller config blocks: precision, optimizer, scheduler, and the DeepSpeed
 blocks zerorun accepts for compatibility (aio, activation checkpointing, flops
-profiler, checkpoint)."""
+profiler, checkpoint, the communication logger)."""
 
 from __future__ import annotations
 
@@ -179,6 +179,19 @@ class ActivationCheckpointingConfig(Block):
         False, description="Synchronise at each checkpoint boundary."
     )
     profile: Bool = Field(False, description="Time the checkpointed forward and recompute.")
+
+
+class CommsLoggerConfig(Block):
+    """The communication logger (``zerorun.engine.comm.comms_logger``); ``deepspeed.comm.log_summary()``
+    prints what it recorded."""
+
+    enabled: Bool = Field(False, description="Record every profiled collective: count, latency, bandwidth.")
+    prof_all: Bool = Field(True, description="Profile every collective (else only those named in prof_ops).")
+    prof_ops: list[Str] = Field(default_factory=list, description="Collectives to profile by DeepSpeed's name "
+                                                                  "(all_reduce, all_gather_into_tensor, ...).")
+    verbose: Bool = Field(False, description="Log each recorded collective on rank 0 as it completes.")
+    debug: Bool = Field(False, description="Log the script's deepspeed.comm calls with the calling function in "
+                                           "the name (the engine's collectives keep their op names).")
 
 
 class FlopsProfilerConfig(Block):

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from zerorun.engine.build import Parts, build_parts
+from zerorun.engine.comm import comms_logger
 from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.comm.groups import build_groups
@@ -236,6 +237,8 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     # ZERORUN_ELASTIC (set by an elastic launch): a restart at another world keeps the global batch
     cfg = load_config(source, world_size=ctx.world_size, hidden_size=_hidden_size(model),
                       keep_global_batch=os.environ.get(ELASTIC_ENV) == "1")
+    if cfg.comms_logger.enabled:  # the process's logger (DeepSpeed's dist.configure): a later engine
+        comms_logger.LOGGER.configure(cfg.comms_logger)  # without the block leaves it as it is
     stage = policy_for_stage(cfg.zero_optimization.stage)
     precision = precision_mod.from_config(cfg)
     # the bootstrap's group at world 1 too: its backend decides the policy (NCCL's buckets on one GPU)

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from zerorun.engine.comm.comms_logger import LOGGER
 from zerorun.heartbeat.state import PROGRESS
 
 Record = tuple[int, str, int, str]
@@ -21,6 +22,9 @@ Record = tuple[int, str, int, str]
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
                 torch.int64: "int64", torch.int32: "int32", torch.uint8: "uint8", torch.int8: "int8",
                 torch.bool: "bool"}
+
+
+_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -37,10 +41,20 @@ def issue(kind: str, numel: int, dtype: torch.dtype, label: str | None = None) -
     return record
 
 
-def complete(record: Record) -> None:
+def complete(record: Record, issued_at: float) -> None:
+    """Note ``record`` (issued at ``issued_at``, ``time.perf_counter()``) as completed now; the
+    communication logger (``comms_logger`` block) records it here, the one place, when enabled."""
     done = PROGRESS.completed
     if done is None or record[0] > done[0]:
         PROGRESS.completed = record
+    if LOGGER.enabled:
+        LOGGER.record_engine_op(record[1], record[2] * itemsize(record[3]), time.perf_counter() - issued_at)
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of a dtype named as :func:`dtype_name` names it."""
+    dtype = _BY_NAME.get(name) or getattr(torch, name, None)
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else 0
 
 
 def blocked_since(start: float) -> None:

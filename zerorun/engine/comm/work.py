@@ -29,15 +29,16 @@ class Pending:
         self.done = False
         self.record: trace.Record | None = None
         """The collective, for the heartbeat: marked completed at ``wait()``."""
+        self.issued_at = 0.0
 
     def traced(self, record: trace.Record, issued_at: float) -> Pending:
         """Note ``record`` completed now if nothing is left in flight (a blocking collective, whose
         whole time since ``issued_at`` was spent blocked), else at ``wait()``."""
         if self._work is None or self.done:
             trace.blocked_since(issued_at)
-            trace.complete(record)
+            trace.complete(record, issued_at)
         else:
-            self.record = record
+            self.record, self.issued_at = record, issued_at
         return self
 
     def then(self, fn: Callable[[], None]) -> Pending:
@@ -63,7 +64,7 @@ class Pending:
             trace.blocked_since(start)
         self.done = True
         if self.record is not None:
-            trace.complete(self.record)
+            trace.complete(self.record, self.issued_at)
         if self._then is not None:
             self._then()
 
