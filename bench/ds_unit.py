@@ -123,8 +123,9 @@ def _pytest(python: str, tests: Path, file: str, env: dict[str, str], junit: Pat
             only: list[str] | None = None) -> None:
     """One pytest run of one file (or of the node ids ``only``) in its own session; past ``timeout`` the
     whole session (ranks too) is killed."""
+    select = ["-k", env["DS_UNIT_SELECT"]] if env.get("DS_UNIT_SELECT") else []  # --select
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-           *(only if only is not None else [f"unit/{file}"])]
+           *(only if only is not None else [f"unit/{file}"]), *select]
     if env.get("DS_UNITTEST_TIMEOUT"):  # per test: the guard plugin fails that test alone (bench/ds_unit_guard.py)
         cmd[3:3] = ["-p", "ds_unit_guard", f"--timeout={env['DS_UNITTEST_TIMEOUT']}"]
     proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run on zerorun only the tests that pass on DeepSpeed (its reports under --keep; waits for "
                         "a concurrent --engines deepspeed run to write each)")
     p.add_argument("--json", type=Path, help="also write the rows as JSON")
+    p.add_argument("-k", "--select", default="",
+                   help="only the tests pytest's -k expression selects, on both engines (a sample of a large file)")
     p.add_argument("--devices", type=int, default=2, help="CPU 'devices' DeepSpeed's harness may use (LOCAL_SIZE)")
     ns = p.parse_args(argv)
     ns.zerorun_python = os.path.abspath(ns.zerorun_python)  # the runs start in the scratch tests folder
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         # DeepSpeed's harness starts its ranks without a thread count: two ranks of two threads on two cores
         # made a step ~30x slower (both engines alike), so tests timed out on load, not on a difference
         base.setdefault("OMP_NUM_THREADS", "1")
+        if ns.select:  # read by _pytest: both engines run the same sample
+            base["DS_UNIT_SELECT"] = ns.select
         if ns.test_timeout:
             base.update(DS_UNITTEST_TIMEOUT=str(ns.test_timeout),
                         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "bench"), base.get("PYTHONPATH")])))

@@ -25,7 +25,7 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
                "compiler_runtime_module", "group_timeout_s", "fake_store", "version_counter", "own_parameters",
                "own_buffers", "non_persistent_buffers",
                "queue_backward_callback", "dcp_one_process", "no_torch_function", "running_modules",
-               "set_own_parameters"}
+               "set_own_parameters", "functorch_transforming"}
     chosen = entries if request.param == "fallback" else set()
     monkeypatch.setattr(tc, "FORCE_FALLBACK", set(chosen))
     yield chosen
@@ -69,6 +69,19 @@ def test_queue_backward_callback_runs_after_the_pass(forced: set[str]) -> None:
     y.register_hook(hook)
     (y * 3).sum().backward()
     assert events == (["hook"] if forced else ["hook", "done"])
+
+
+@pytest.mark.parametrize("forced", PATHS, indirect=True)
+def test_functorch_transforming_is_seen_inside_torch_func_only(forced: set[str]) -> None:
+    seen: list[bool] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        seen.append(tc.functorch_transforming())
+        return (x * x).sum()
+
+    f(torch.ones(2))
+    torch.func.grad(f)(torch.ones(2))
+    assert seen == [False, not forced]  # the fallback takes nothing as transformed
 
 
 class _Guarded(nn.Parameter):

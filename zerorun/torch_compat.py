@@ -62,6 +62,16 @@ def in_backward() -> bool:
     return current_graph_task_id() != -1
 
 
+def functorch_transforming() -> bool:
+    """Whether torch.func (``grad``, ``vmap``, ``jacrev``) is transforming the running code
+    (``torch._C._functorch.peek_interpreter_stack``): DeepSpeed leaves a gradient alone there.
+
+    Fallback: nothing is taken as transformed."""
+    functorch = _private(torch._C, "_functorch", "functorch_transforming")
+    peek = getattr(functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
 def queue_backward_callback(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the running backward has finished (``Variable._execution_engine.queue_callback``).
 

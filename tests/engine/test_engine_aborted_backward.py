@@ -123,10 +123,10 @@ def _dirty(engine) -> list[str]:
 
 def _reference(model: nn.Module, case: Case, world: int) -> dict[str, torch.Tensor]:
     """One process, SGD on the retry's global batch, and the earlier micro-step's unless its window was dropped:
-    each rank's loss averaged, and divided by the accumulation steps where ``engine.backward`` ran it (a plain
-    ``loss.backward()`` is not scaled)."""
-    passes = [(2, case.retry != "plain")] if case.gas == 1 or case.drops_window else [(1, True), (2, case.retry != "plain")]
-    loss = sum(model(_batch(s, r)).sum() / (case.gas if scaled else 1) for s, scaled in passes for r in range(world))
+    each rank's loss averaged and divided by the accumulation steps (``engine.backward`` divides its loss, the
+    engine's outputs a plain ``loss.backward()``)."""
+    steps = [2] if case.gas == 1 or case.drops_window else [1, 2]
+    loss = sum(model(_batch(s, r)).sum() / case.gas for s in steps for r in range(world))
     (loss / world).backward()
     with torch.no_grad():
         return {n: p - LR * p.grad if p.grad is not None else p.clone() for n, p in model.named_parameters()}

@@ -2,8 +2,9 @@
 
 Semantics under test (see zerorun/engine/mechanism/grad_sync.py):
 * plain ``loss.backward()`` (no ``engine.backward``) reduces the gradients at every stage:
-  averaged over ranks, *not* divided by the accumulation steps (as DeepSpeed), so with
-  accumulation g the step uses the sum of the g micro-steps' rank-averaged gradients;
+  averaged over ranks and divided by the accumulation steps (as DeepSpeed 0.19.8: the engine's
+  outputs divide it), so with accumulation g the step uses the mean of the g micro-steps'
+  rank-averaged gradients, as after ``engine.backward``;
   at stage 0 ``param.grad`` is already reduced when ``backward()`` returns (as DDP);
 * ``model.zero_grad()``, ``optimizer.zero_grad()`` (the optimizer ``initialize`` returns)
   and ``engine.zero_grad()`` drop every gradient accumulated since the last step, whether
@@ -100,8 +101,7 @@ def train(case: PlainCase, rank: int, world: int) -> dict:
 
 
 def reference(case: PlainCase, world: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """One process: each step's gradient is the sum over micro-steps of the global micro-batch's mean loss
-    (engine.backward divides by the accumulation steps; it is used only at gas 1 here)."""
+    """One process: each step's gradient is the mean over micro-steps of the global micro-batch's mean loss."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     rows = MICRO_BATCH * world * case.gas
@@ -114,7 +114,7 @@ def reference(case: PlainCase, world: int) -> tuple[list[torch.Tensor], list[tor
         x, y = global_batch(step, rows)
         for k in range(case.gas):
             sl = slice(k * world * MICRO_BATCH, (k + 1) * world * MICRO_BATCH)
-            loss_fn(model(x[sl]), y[sl]).backward()
+            (loss_fn(model(x[sl]), y[sl]) / case.gas).backward()
         if step == 0:
             first_grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                            for p in model.parameters()]
@@ -193,8 +193,8 @@ def test_plain_backward_under_fp16_loss_scaling_is_refused(runs: tuple[int, list
 
 
 def test_engine_scale_then_plain_backward_is_engine_backward(runs: tuple[int, list[dict]]) -> None:
-    """``engine.scale(loss).backward()`` (DeepSpeed's manual backward) applies the loss scale and the 1/gas
-    that ``engine.backward`` applies, and the step takes it as scaled."""
+    """``engine.scale(loss).backward()`` (DeepSpeed's manual backward) applies the loss scale, the engine's
+    outputs the 1/gas, as ``engine.backward`` applies both, and the step takes it as scaled."""
     _, results = runs
     assert [r["fp16-scaled"] for r in results] == [0.0] * len(results)
 

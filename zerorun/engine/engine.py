@@ -4,8 +4,8 @@
     engine.backward(loss)   # scaled by the loss scale and 1/gradient_accumulation_steps
     engine.step()           # steps the optimizer on the accumulation boundary only
 
-A plain ``loss.backward()`` reduces the gradients too (unscaled: see
-:mod:`zerorun.engine.mechanism.grad_sync`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
+A plain ``loss.backward()`` reduces the gradients too (see :mod:`zerorun.engine.mechanism.grad_sync`),
+divided by the accumulation steps as DeepSpeed divides it (:mod:`zerorun.engine.training.plain_backward`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
 drop the engine's gradients as ``engine.zero_grad()`` does.
 
 The engine holds the parts (buckets, master shards, gradient sync) and sequences them;
@@ -38,6 +38,7 @@ from zerorun.engine.surface import fragments
 from zerorun.engine.surface.compile_surface import CompileSurface
 from zerorun.engine.surface.ds_surface import DeepSpeedSurface
 from zerorun.engine.surface.hf_surface import HfSurface
+from zerorun.engine.training.plain_backward import divide_output_grads, engine_backward
 from zerorun.engine.trial import recorder_for
 from zerorun.heartbeat.state import PROGRESS, Phase
 
@@ -108,14 +109,18 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module on the inputs as given (DeepSpeed's rule): only ``fp16.auto_cast`` casts the
-        floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are."""
+        floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are.
+        With accumulation, the outputs divide a backward the script runs itself (``loss.backward()``) by
+        the accumulation steps, as DeepSpeed's do."""
         PROGRESS.enter(Phase.FORWARD)
         self.parts.grad_sync.unwind_aborted()  # a backward that raised is unwound first (one flag read if none)
         self.tput_timer.start()
         if self.config.fp16.auto_cast:
             args = _cast_inputs(args, torch.float16)
         with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
-            return self.module(*args, **kwargs)
+            outputs = self.module(*args, **kwargs)
+        divide_output_grads(outputs, self.gradient_accumulation_steps())
+        return outputs
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""
@@ -124,19 +129,20 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         factor = self.scaler.scale / (self.gradient_accumulation_steps() if scale_wrt_gas else 1)
         sync = self.parts.grad_sync
         sync.prepare_backward(self.is_gradient_accumulation_boundary())
-        (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
+        with engine_backward():  # divided here already: the outputs' hooks leave it
+            (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         sync.finish_backward()
         return loss
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """DeepSpeed's manual backward, ``engine.scale(loss).backward()``: ``loss`` times the loss scale (fp16's;
-        1 otherwise) divided by the accumulation steps, as DeepSpeed scales a direct backward; the plain
-        backward that follows counts as scaled, so the step unscales it as after ``engine.backward(loss)``."""
+        1 otherwise), as DeepSpeed's; the engine's outputs divide that backward by the accumulation steps,
+        and it counts as scaled, so the step unscales it as after ``engine.backward(loss)``."""
         if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.grad_fn is not None):
             raise DeepSpeedAssertion("loss must be a scalar tensor with grad_fn. For non-scalar tensors, use "
                                      "tensor.backward(grad)", "pass the scalar loss the module's output gives")
         self.parts.grad_sync.scaled_ahead = True
-        factor = self.scaler.scale / self.gradient_accumulation_steps()
+        factor = self.scaler.scale
         return loss * factor if factor != 1.0 else loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:

@@ -16,11 +16,11 @@ Who arms and finishes a pass:
   (whether it is the boundary micro-step comes from the engine's micro-step count, i.e.
   from ``engine.step()`` being called every micro-step) and queues ``finish_backward``
   as an autograd end-of-backward callback, so gradients are reduced when
-  ``backward()`` returns, as DDP's are. As in DeepSpeed, nothing scales such a loss:
-  with accumulation the reduced gradient is the *sum* of the micro-steps' rank-averaged
-  gradients (divide the loss by ``gradient_accumulation_steps`` yourself for the
-  mean), and fp16's loss scale is not applied (the step refuses it; use
-  ``engine.backward``). Reentrant activation checkpointing runs nested backward passes
+  ``backward()`` returns, as DDP's are. As in DeepSpeed 0.19.8, the engine's outputs divide
+  such a backward by ``gradient_accumulation_steps``
+  (:mod:`zerorun.engine.training.plain_backward`), so the step uses the mean over the
+  micro-steps, as after ``engine.backward``; fp16's loss scale is not applied (the step
+  refuses it; use ``engine.backward`` or ``engine.scale(loss).backward()``). Reentrant activation checkpointing runs nested backward passes
   that would end the pass early: use ``engine.backward`` with it.
 * A pass whose backward raised (autograd stops; nothing finishes it) stays armed until the next
   root forward or step, which unwinds it (:meth:`GradSyncBase.unwind_aborted`, which says what

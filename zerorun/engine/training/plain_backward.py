@@ -1,0 +1,61 @@
+"""A backward the script runs itself, divided by the accumulation steps as DeepSpeed 0.19.8 divides it.
+
+``engine.backward(loss)`` divides the loss by ``gradient_accumulation_steps``. DeepSpeed 0.19.8 makes every
+other backward through the engine's outputs do the same: its forward hooks each output tensor with a
+``grad_fn`` (in tuples, lists and dicts, so a Hugging Face ``ModelOutput`` too), and the hook divides the
+gradient reaching it, unless an ``engine.backward`` runs that backward (any engine's: a loss summed over two
+engines is divided once) or torch.func is transforming it. So ``loss.backward()``, ``output.backward(grad)``
+and ``engine.scale(loss).backward()`` give ``engine.backward(loss)``'s gradients, and a script moved from
+DeepSpeed keeps its learning rate's meaning under accumulation. At one accumulation step nothing is
+divided and nothing is hooked. A module called past the engine (``engine.module(x)``) is not hooked, as in
+DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from zerorun import torch_compat
+
+_engine_backwards = 0  # engine.backward calls running now (their loss is divided already)
+
+
+@contextmanager
+def engine_backward() -> Iterator[None]:
+    """Mark the backward run inside as ``engine.backward``'s: the output hooks leave it alone."""
+    global _engine_backwards
+    _engine_backwards += 1
+    try:
+        yield
+    finally:
+        _engine_backwards -= 1
+
+
+def divide_output_grads(outputs: Any, steps: int) -> None:
+    """Hook the forward's outputs so that a backward the script runs itself is divided by ``steps``."""
+    if steps == 1 or not torch.is_grad_enabled():
+        return
+
+    def divide(grad: torch.Tensor) -> torch.Tensor:
+        if _engine_backwards or torch_compat.functorch_transforming():
+            return grad
+        return grad / steps
+
+    for tensor in _grad_outputs(outputs):
+        tensor.register_hook(divide)
+
+
+def _grad_outputs(outputs: Any) -> Iterator[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        if outputs.grad_fn is not None:
+            yield outputs
+    elif isinstance(outputs, (tuple, list)):
+        for item in outputs:
+            yield from _grad_outputs(item)
+    elif isinstance(outputs, dict):
+        for item in outputs.values():
+            yield from _grad_outputs(item)
