@@ -31,12 +31,14 @@ from zerorun.engine.comm.groups import build_groups
 from zerorun.engine.engine import Engine
 from zerorun.engine.errors import DeepSpeedAssertion, EngineError, MissingModel, rank_prefixed
 from zerorun.engine.inference import InferenceEngine, build_inference_parts
+from zerorun.engine.mechanism.accumulator import ShardAccumulator
 from zerorun.engine.mechanism.grad_sync import ReducePolicy
 from zerorun.engine.numerics import precision as precision_mod
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.policy import policy_for_stage
 from zerorun.engine.surface import ds_param_attrs, flat_groups
+from zerorun.engine.surface.host_grad_sums import HostGradSums
 from zerorun.engine.surface.parameter_offload import ParameterOffload, install_module_surface
 from zerorun.engine.training.dataloader import build_dataloader
 from zerorun.engine.training.host_kernel import warn_client
@@ -261,7 +263,7 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,
                            zero.mics_hierarchical_params_gather) if stage.shard_parameters else None)
     parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload, groups)
-    _deepspeed_attributes(model, opt, parts, stage)
+    _deepspeed_attributes(model, opt, parts, stage, cfg)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     _compile_if_configured(engine, cfg)
@@ -275,7 +277,8 @@ def _compile_if_configured(engine: Engine, cfg: ZerorunConfig) -> None:
         engine.compile(backend=cfg.compile.backend, compile_kwargs=dict(cfg.compile.kwargs))
 
 
-def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts, stage: StagePolicy) -> None:
+def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts, stage: StagePolicy,
+                          cfg: ZerorunConfig) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
     if not hasattr(opt, "overflow"):
@@ -285,6 +288,10 @@ def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: P
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
     elif stage.shard_optimizer:  # ZeRO-1/2: the parameters are views of flat buffers, DeepSpeed's bit16_groups_flat
         flat_groups.expose(opt, parts.buckets)
+        accum = getattr(parts.grad_sync, "accum", None)  # the sharded reducer's sums (stage 2; 1 with offload)
+        if isinstance(accum, ShardAccumulator) and accum.home is not None:  # optimizer offload
+            opt.accumulated_grads_in_cpu = HostGradSums(  # type: ignore[attr-defined]
+                accum, lambda: int(cfg.gradient_accumulation_steps))
 
 
 def _attach_loader(engine: Engine, training_data: Dataset[Any] | None,
