@@ -14,7 +14,7 @@ The tests run from a scratch copy of ``tests/``: DeepSpeed's conftest puts the f
 above it on ``sys.path``, which in the checkout would import the checkout's own
 ``deepspeed/`` sources instead of the engine under test. The zerorun run needs the
 harness's own imports in zerorun's venv (``pip install hjson``: DeepSpeed's config tests
-import it directly).
+import it directly); ``--test-timeout`` needs ``pytest-timeout`` in both venvs.
 """
 
 from __future__ import annotations
@@ -128,14 +128,19 @@ def _pytest(python: str, tests: Path, file: str, env: dict[str, str], junit: Pat
            *(only if only is not None else [f"unit/{file}"]), *select]
     if env.get("DS_UNITTEST_TIMEOUT"):  # per test: the guard plugin fails that test alone (bench/ds_unit_guard.py)
         cmd[3:3] = ["-p", "ds_unit_guard", f"--timeout={env['DS_UNITTEST_TIMEOUT']}"]
-    proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the rank processes it started are in its session
-        proc.wait()
+    log = junit.with_suffix(".log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the rank processes it started are in its session
+            proc.wait()
+            return
+    if not junit.is_file():  # pytest stopped before any test (a usage error: say it, or the table reads 0 of 0)
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+        print(f"{file}: pytest wrote no report (exit {proc.returncode}):", *tail, sep="\n  ", file=sys.stderr)
 
 
 def in_file(name: str, f: str) -> bool:
