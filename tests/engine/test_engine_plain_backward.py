@@ -9,7 +9,8 @@ Semantics under test (see zerorun/engine/mechanism/grad_sync.py):
 * ``model.zero_grad()``, ``optimizer.zero_grad()`` (the optimizer ``initialize`` returns)
   and ``engine.zero_grad()`` drop every gradient accumulated since the last step, whether
   it came from a plain backward or from ``engine.backward``;
-* fp16 loss scaling with a plain backward is refused with a clear error at the step;
+* fp16 loss scaling with a plain backward is refused with a clear error: as the backward starts under the
+  dynamic scale (DeepSpeed's ``RuntimeError``), at the step under a static one;
   ``engine.scale(loss).backward()`` (DeepSpeed's manual backward) is ``engine.backward(loss)``.
 
 SGD with momentum (not Adam, whose scale invariance would hide a missing or doubled
@@ -149,21 +150,26 @@ def _fp16_scaled_backward_gap(rank: int, world: int) -> float:
     return max((a - b).abs().max().item() for a, b in zip(*weights, strict=True))
 
 
-def _fp16_plain_backward_error(rank: int, world: int) -> str:
+def _fp16_plain_backward_error(rank: int, world: int) -> dict[str, str]:
+    """A plain backward under fp16: refused as it starts under the dynamic scale (DeepSpeed's RuntimeError),
+    at the step under a static one (whose step would divide unscaled gradients by the scale)."""
     import zerorun
     from zerorun.engine.errors import EngineError
 
-    model = make_model()
-    cfg = PlainCase(0, "plain").config() | {"fp16": {"enabled": True, "initial_scale_power": 4}}
-    engine, _, _, _ = zerorun.initialize(model=model, config=cfg)
-    x, y = global_batch(0, MICRO_BATCH * world)
-    sl = rank_rows(0, rank, world)
-    loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl]).backward()
-    try:
-        engine.step()
-    except EngineError as e:
-        return str(e)
-    return "no error"
+    out = {}
+    for kind, fp16 in (("dynamic", {"initial_scale_power": 4}), ("static", {"loss_scale": 16})):
+        engine, _, _, _ = zerorun.initialize(model=make_model(),
+                                             config=PlainCase(0, "plain").config() | {"fp16": {"enabled": True, **fp16}})
+        x, y = global_batch(0, MICRO_BATCH * world)
+        sl = rank_rows(0, rank, world)
+        try:
+            loss_fn(engine(x[sl].to(engine.precision.compute_dtype)), y[sl]).backward()
+            engine.step()
+            out[kind] = "no error"
+        except (RuntimeError, EngineError) as e:
+            out[kind] = f"{type(e).__name__}: {e}"
+        engine.destroy()
+    return out
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
@@ -189,7 +195,10 @@ def test_plain_backward_and_zero_grad_match_reference(runs: tuple[int, list[dict
 def test_plain_backward_under_fp16_loss_scaling_is_refused(runs: tuple[int, list[dict]]) -> None:
     _, results = runs
     for rank, r in enumerate(results):
-        assert r["fp16-error"].startswith(f"[rank {rank}]") and "engine.backward(loss)" in r["fp16-error"], r
+        dynamic, static = r["fp16-error"]["dynamic"], r["fp16-error"]["static"]
+        assert dynamic.startswith("LossScalingRequired: Loss scaling is required for this configuration"), dynamic
+        assert "engine.scale(loss).backward()" in dynamic, dynamic
+        assert static.startswith(f"EngineError: [rank {rank}]") and "engine.backward(loss)" in static, static
 
 
 def test_engine_scale_then_plain_backward_is_engine_backward(runs: tuple[int, list[dict]]) -> None:

@@ -37,7 +37,7 @@ from zerorun.engine.numerics import precision as precision_mod
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.policy import policy_for_stage
-from zerorun.engine.surface import ds_param_attrs, flat_groups
+from zerorun.engine.surface import ds_param_attrs, flat_groups, zero_optimizer
 from zerorun.engine.surface.host_grad_sums import HostGradSums
 from zerorun.engine.surface.parameter_offload import ParameterOffload, install_module_surface
 from zerorun.engine.training.dataloader import build_dataloader
@@ -263,7 +263,7 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,
                            zero.mics_hierarchical_params_gather) if stage.shard_parameters else None)
     parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload, groups)
-    _deepspeed_attributes(model, opt, parts, stage, cfg)
+    _deepspeed_attributes(model, opt, parts, stage, cfg, precision)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
     _compile_if_configured(engine, cfg)
@@ -278,9 +278,10 @@ def _compile_if_configured(engine: Engine, cfg: ZerorunConfig) -> None:
 
 
 def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts, stage: StagePolicy,
-                          cfg: ZerorunConfig) -> None:
+                          cfg: ZerorunConfig, precision: PrecisionPolicy) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
+    zero_optimizer.expose(opt, stage.stage, precision.scaler.dynamic)
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off

@@ -38,7 +38,7 @@ from zerorun.engine.surface import fragments
 from zerorun.engine.surface.compile_surface import CompileSurface
 from zerorun.engine.surface.ds_surface import DeepSpeedSurface
 from zerorun.engine.surface.hf_surface import HfSurface
-from zerorun.engine.training.plain_backward import divide_output_grads, engine_backward
+from zerorun.engine.training.plain_backward import engine_backward, hook_outputs
 from zerorun.engine.trial import recorder_for
 from zerorun.heartbeat.state import PROGRESS, Phase
 
@@ -111,7 +111,8 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         """Run the module on the inputs as given (DeepSpeed's rule): only ``fp16.auto_cast`` casts the
         floating positional inputs to fp16; keyword inputs, and every input under bf16, stay as they are.
         With accumulation, the outputs divide a backward the script runs itself (``loss.backward()``) by
-        the accumulation steps, as DeepSpeed's do."""
+        the accumulation steps, and under fp16's dynamic loss scale they refuse one ``engine.scale`` did not
+        scale, as DeepSpeed's do."""
         PROGRESS.enter(Phase.FORWARD)
         self.parts.grad_sync.unwind_aborted()  # a backward that raised is unwound first (one flag read if none)
         self.tput_timer.start()
@@ -119,8 +120,13 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
             args = _cast_inputs(args, torch.float16)
         with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
             outputs = self.module(*args, **kwargs)
-        divide_output_grads(outputs, self.gradient_accumulation_steps())
+        hook_outputs(outputs, self.gradient_accumulation_steps(),
+                     self._unscaled_plain_backward if self.precision.scaler.dynamic else None)
         return outputs
+
+    def _unscaled_plain_backward(self) -> bool:
+        """A plain backward under fp16's dynamic scale that ``engine.scale(loss)`` did not scale."""
+        return not self.parts.grad_sync.scaled_ahead
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss`` (times the loss scale, divided by the accumulation steps)."""

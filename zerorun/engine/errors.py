@@ -30,3 +30,8 @@ class NoSyncMisuse(DeepSpeedAssertion):
 class CoalesceUnsupported(EngineError, NotImplementedError):
     """``coalesce_grad_reduction()`` where DeepSpeed refuses it (stage 0, pipeline parallelism): also a
     ``NotImplementedError``, which DeepSpeed raises there."""
+
+
+class LossScalingRequired(EngineError, RuntimeError):
+    """A plain ``loss.backward()`` under fp16's dynamic loss scale without ``engine.scale(loss)``: raised as
+    its backward starts (before any gradient), a ``RuntimeError`` with DeepSpeed 0.19.8's words."""

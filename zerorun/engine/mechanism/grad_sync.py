@@ -163,7 +163,6 @@ class GradSyncBase:
             self.prepare_backward(self.boundary())
             self.pass_unscaled = 0 if self.scaled_ahead else 1
             self.unscaled_passes += self.pass_unscaled
-            self.scaled_ahead = False
             torch_compat.queue_backward_callback(self.finish_backward)
         self._absorb(bucket_index, slot_index, param)
         if self.policy.require_all_used:
@@ -188,6 +187,7 @@ class GradSyncBase:
 
     def finish_backward(self) -> None:
         self.armed = False
+        self.scaled_ahead = False  # engine.scale(loss) covers one pass (read by every output's hook until here)
         if self._reduces_now():
             for i in range(len(self.buckets)):
                 if not self.tracker.launched[i]:
@@ -210,6 +210,7 @@ class GradSyncBase:
         if not self.armed or torch_compat.in_backward():
             return
         self.armed = False
+        self.scaled_ahead = False
         while self.inflight:
             self.inflight.popleft().wait()
         self._drop_pass()

@@ -7,19 +7,24 @@ gradient reaching it, unless an ``engine.backward`` runs that backward (any engi
 engines is divided once) or torch.func is transforming it. So ``loss.backward()``, ``output.backward(grad)``
 and ``engine.scale(loss).backward()`` give ``engine.backward(loss)``'s gradients, and a script moved from
 DeepSpeed keeps its learning rate's meaning under accumulation. At one accumulation step nothing is
-divided and nothing is hooked. A module called past the engine (``engine.module(x)``) is not hooked, as in
-DeepSpeed.
+divided. A module called past the engine (``engine.module(x)``) is not hooked, as in DeepSpeed.
+
+Under fp16's dynamic loss scale the same hooks refuse a plain backward that ``engine.scale(loss)`` did not
+scale, as DeepSpeed refuses it (a ``RuntimeError``, "Loss scaling is required ..."): its gradients would be
+unscaled and the step would divide them by the scale. zerorun raises as the backward starts, before any
+gradient lands, so nothing is left to undo; DeepSpeed raises after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from zerorun import torch_compat
+from zerorun.engine.errors import LossScalingRequired
 
 _engine_backwards = 0  # engine.backward calls running now (their loss is divided already)
 
@@ -35,18 +40,24 @@ def engine_backward() -> Iterator[None]:
         _engine_backwards -= 1
 
 
-def divide_output_grads(outputs: Any, steps: int) -> None:
-    """Hook the forward's outputs so that a backward the script runs itself is divided by ``steps``."""
-    if steps == 1 or not torch.is_grad_enabled():
+def hook_outputs(outputs: Any, steps: int, unscaled: Callable[[], bool] | None = None) -> None:
+    """Hook the forward's outputs: a backward the script runs itself is divided by ``steps`` and, where
+    ``unscaled`` is given, refused when it says the loss needed ``engine.scale`` and did not get it."""
+    if (steps == 1 and unscaled is None) or not torch.is_grad_enabled():
         return
 
-    def divide(grad: torch.Tensor) -> torch.Tensor:
+    def hook(grad: torch.Tensor) -> torch.Tensor:
         if _engine_backwards or torch_compat.functorch_transforming():
             return grad
-        return grad / steps
+        if unscaled is not None and unscaled():
+            raise LossScalingRequired(
+                "Loss scaling is required for this configuration, but backward() was called directly without "
+                "scaling the loss (fp16's dynamic loss scale)",
+                "use engine.backward(loss), or engine.scale(loss).backward()")
+        return grad / steps if steps != 1 else grad
 
     for tensor in _grad_outputs(outputs):
-        tensor.register_hook(divide)
+        tensor.register_hook(hook)
 
 
 def _grad_outputs(outputs: Any) -> Iterator[torch.Tensor]:
