@@ -17,6 +17,7 @@ import json, os, torch
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29561")
 import deepspeed
 from deepspeed.runtime.base_optimizer import ZeROOptimizer, DeepSpeedOptimizer
+from deepspeed.utils.torch import required_torch_version
 
 def engine(stage, precision):
     torch.manual_seed(0)
@@ -43,6 +44,7 @@ for name, stage, precision in [("z0-fp32", 0, {}), ("z1-fp16", 1, {"fp16": {"ena
         e.step()
         out["scaled_steps"] = e.global_steps
     e.destroy()
+out["torch_version"] = required_torch_version(min_version=1.4)
 out["plain_optimizer"] = isinstance(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1), ZeROOptimizer)
 print(json.dumps(out))
 """
@@ -60,3 +62,4 @@ def test_needs_scaler_and_zero_optimizer_answer_as_deepspeeds() -> None:
     assert got["unscaled"].startswith("Loss scaling is required for this configuration"), got["unscaled"]
     assert got["scaled_steps"] == 1
     assert got["plain_optimizer"] is False
+    assert got["torch_version"] is True  # deepspeed.utils.torch imports under the shim
