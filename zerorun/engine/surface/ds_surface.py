@@ -114,6 +114,12 @@ class DeepSpeedSurface:
     def _is_gradient_accumulation_boundary(self, value: bool | None) -> None:
         self._boundary_override = None if value is None else bool(value)
 
+    def _backward_epilogue(self) -> None:
+        """DeepSpeed's end of a backward, which scripts call after one plain ``loss.backward()`` over several
+        engines' modules (a shared loss): each engine's reducer ended its pass when autograd finished it,
+        so only a pass that raised is left to unwind."""
+        self.parts.grad_sync.unwind_aborted()
+
     @contextlib.contextmanager
     def coalesce_grad_reduction(self) -> Iterator[None]:
         """One with-block is one optimizer step's backward passes: each ``backward`` inside keeps its
