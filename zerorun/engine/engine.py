@@ -336,12 +336,16 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
 
     # ---- checkpoints (zerorun.engine.checkpoint) ----------------------------------------------
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True) -> str:
-        """Save ``save_dir/tag`` (never torn; loadable at any world size); every rank calls it."""
+                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> str:
+        """Save ``save_dir/tag`` (never torn; loadable at any world size); every rank calls it.
+
+        ``exclude_frozen_parameters`` (DeepSpeed's): the parameters that do not train (``requires_grad=False``,
+        a LoRA model's base weights) are left out; loading such a checkpoint keeps the module's own."""
         from zerorun.engine.checkpoint import save_checkpoint
 
         with PROGRESS.during(Phase.SAVE):  # its file I/O counts as progress (a long write is no stall)
-            return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest))
+            return str(save_checkpoint(self, save_dir, tag, client_state or {}, save_latest,
+                                       exclude_frozen_parameters))
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

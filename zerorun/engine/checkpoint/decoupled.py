@@ -138,7 +138,8 @@ def _client_bytes(client_state: dict[str, Any] | None) -> bytes:
     return buffer.getvalue()
 
 
-def _snapshot(engine: CheckpointView, client_state: dict[str, Any] | None, buffers: HostBuffers) -> dict[str, Any]:
+def _snapshot(engine: CheckpointView, client_state: dict[str, Any] | None, buffers: HostBuffers,
+              exclude_frozen: bool) -> dict[str, Any]:
     """Host copies of everything the files hold (collective at stage 3: frozen parameters are gathered)."""
     _, saved_rank, writes = layout.saved_world(engine)
     snap: dict[str, Any] = {"client": _client_bytes(client_state), "payload": None, "extra": None,
@@ -152,8 +153,8 @@ def _snapshot(engine: CheckpointView, client_state: dict[str, Any] | None, buffe
         if engine.ctx.rank == 0:
             entries, aliases = layout.engine_layout(engine)
             stored = {p.name for b in entries for p in b.params}
-            snap["extra"] = layout.extra_state(engine.module, stored, aliases)
-            snap["manifest"] = save.build_manifest(engine)
+            snap["extra"] = layout.extra_state(engine.module, stored, aliases, exclude_frozen)
+            snap["manifest"] = save.build_manifest(engine, exclude_frozen)
     return snap
 
 
@@ -243,7 +244,7 @@ class _Job:
 
 
 def save_decoupled(engine: CheckpointView, root: Path, tag: str | None, client_state: dict[str, Any] | None,
-                   save_latest: bool) -> Path:
+                   save_latest: bool, exclude_frozen: bool = False) -> Path:
     """``save_checkpoint`` with the decoupled writer (or ``type: MOCK``); see the module docstring."""
     t0 = time.perf_counter()
     cfg = engine.config.checkpoint.writer
@@ -269,7 +270,7 @@ def save_decoupled(engine: CheckpointView, root: Path, tag: str | None, client_s
 
     save.agree(engine, save._attempt(prepare), f"creating {staging}")
     buffers = _BUFFERS[engine]
-    snap = _snapshot(engine, client_state, buffers)
+    snap = _snapshot(engine, client_state, buffers, exclude_frozen)
     blocked = time.perf_counter() - t0
     job = _Job(root, tag, rank, engine.ctx.world_size, layout.saved_world(engine)[0], snap, save_latest, cfg, blocked,
                buffers)

@@ -107,11 +107,12 @@ def rank_payload(engine: CheckpointView, host_copy: Callable[[torch.Tensor], tor
     return {"rank": rank, "buckets": buckets, "engine": state.capture(engine)}
 
 
-def write_extra(engine: Shards, staging: Path) -> None:
-    """Rank 0: the module's buffers and frozen parameters (replicated, so written once)."""
+def write_extra(engine: Shards, staging: Path, exclude_frozen: bool = False) -> None:
+    """Rank 0: the module's buffers and frozen parameters (replicated, so written once; the frozen ones
+    left out with ``exclude_frozen``)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
-    atomic.torch_save(layout.extra_state(engine.module, stored, aliases), staging / EXTRA)
+    atomic.torch_save(layout.extra_state(engine.module, stored, aliases, exclude_frozen), staging / EXTRA)
 
 
 def write_recovery_script(root: Path) -> None:
@@ -121,18 +122,19 @@ def write_recovery_script(root: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def build_manifest(engine: CheckpointView) -> Manifest:
-    """The manifest of a checkpoint of ``engine`` as it is now (pure data)."""
+def build_manifest(engine: CheckpointView, exclude_frozen: bool = False) -> Manifest:
+    """The manifest of a checkpoint of ``engine`` as it is now (pure data); ``frozen`` names the frozen
+    parameters extra.pt holds (none with ``exclude_frozen``)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
-    frozen = [n for n, _ in engine.module.named_parameters() if n not in stored]
+    frozen = [] if exclude_frozen else [n for n, _ in engine.module.named_parameters() if n not in stored]
     return Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
                     zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
                     aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)
 
 
-def _commit(engine: CheckpointView, root: Path, tag: str, save_latest: bool) -> None:
-    commit_staged(root, tag, build_manifest(engine), save_latest)
+def _commit(engine: CheckpointView, root: Path, tag: str, save_latest: bool, exclude_frozen: bool) -> None:
+    commit_staged(root, tag, build_manifest(engine, exclude_frozen), save_latest)
 
 
 def commit_staged(root: Path, tag: str, manifest: Manifest, save_latest: bool) -> None:
@@ -157,9 +159,11 @@ def checked_save_dir(save_dir: str | os.PathLike[str]) -> Path:
 
 
 def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], tag: str | None = None,
-                    client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
+                    client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                    exclude_frozen: bool = False) -> Path:
     """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``), written before it
-    returns; all ranks call it (``checkpoint.saving`` picks this or the decoupled writer)."""
+    returns; all ranks call it (``checkpoint.saving`` picks this or the decoupled writer). With
+    ``exclude_frozen`` the frozen parameters are left out (a load keeps the module's own)."""
     root = checked_save_dir(save_dir)
     rank = engine.ctx.rank
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
@@ -179,7 +183,7 @@ def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], ta
             atomic.torch_save(rank_payload(engine), staging / rank_file(saved_rank))
         atomic.torch_save(dict(client_state or {}), staging / client_file(rank))
         if rank == 0:
-            write_extra(engine, staging)
+            write_extra(engine, staging, exclude_frozen)
 
     try:
         agree(engine, _attempt(prepare), f"creating {staging}")
@@ -188,7 +192,7 @@ def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], ta
         if os.environ.get(PAUSE_ENV):
             time.sleep(float(os.environ[PAUSE_ENV]))
         agree(engine, error, f"writing {staging / rank_file(rank)}")
-        agree(engine, _attempt(lambda: _commit(engine, root, tag, save_latest)) if rank == 0 else None,
+        agree(engine, _attempt(lambda: _commit(engine, root, tag, save_latest, exclude_frozen)) if rank == 0 else None,
               f"committing {root / tag}")
     except CheckpointError:
         if rank == 0:  # every rank is past its writes (``agree`` is a collective): the half-written tag goes

@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 
 def save_checkpoint(engine: CheckpointView, save_dir: str | os.PathLike[str], tag: str | None = None,
-                    client_state: dict[str, Any] | None = None, save_latest: bool = True) -> Path:
+                    client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                    exclude_frozen: bool = False) -> Path:
     """Save a complete checkpoint as ``save_dir/tag`` (default tag ``global_step<N>``); all ranks call it.
-    With ``checkpoint.writer.decoupled`` (or ``type: mock``) it returns once the state is snapshotted."""
+    With ``checkpoint.writer.decoupled`` (or ``type: mock``) it returns once the state is snapshotted.
+    ``exclude_frozen``: leave the frozen parameters out (DeepSpeed's ``exclude_frozen_parameters``)."""
     writer = engine.config.checkpoint.writer
     if writer.decoupled or writer.type == "MOCK":
-        return save_decoupled(engine, save.checked_save_dir(save_dir), tag, client_state, save_latest)
-    return save.save_checkpoint(engine, save_dir, tag, client_state, save_latest)
+        return save_decoupled(engine, save.checked_save_dir(save_dir), tag, client_state, save_latest, exclude_frozen)
+    return save.save_checkpoint(engine, save_dir, tag, client_state, save_latest, exclude_frozen)
