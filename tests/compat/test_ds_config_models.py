@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 
@@ -57,6 +58,16 @@ def test_zero_config_by_deepspeed_s_names() -> None:
     assert isinstance(DeepSpeedZeroConfig(offload_optimizer={}).offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig)
     with pytest.raises(ValidationError):
         DeepSpeedZeroConfig(stage=7)
+    assert DeepSpeedZeroConfig(stage=3, pipeline_loading_checkpoint=True).pipeline_loading_checkpoint is True
+
+
+def test_zero3_elastic_checkpoint_warns_as_deepspeed(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="DeepSpeed"):
+        DeepSpeedZeroConfig(stage=2, elastic_checkpoint=True)
+        assert not caplog.records
+        DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ZeRO-3 elastic checkpointing is deprecated and no longer supported. Use Universal Checkpointing instead."]
 
 
 @pytest.mark.parametrize(("read", "write", "pipeline"), [(False, False, False), (True, False, True),

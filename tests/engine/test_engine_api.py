@@ -96,3 +96,12 @@ def test_existing_process_group_is_reused() -> None:
     zerorun.initialize(model=_model(), config={**BASE, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
     assert dist.group.WORLD is group
     assert os.environ.get("WORLD_SIZE") is None
+
+
+def test_deepspeeds_expert_parallel_optimizer_file_name() -> None:
+    """``engine._get_optimizer_ckpt_name``: DeepSpeed's file name (zerorun writes no such file; checkpoint
+    tests wrap the method to see that a module-only load never asks for it)."""
+    engine, *_ = zerorun.initialize(model=_model(), config={"train_micro_batch_size_per_gpu": 1,
+                                                           "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    assert engine._get_optimizer_ckpt_name("ckpt", "global_step3", 1) == os.path.join(
+        "ckpt", "global_step3", "expp_rank_1_mp_rank_00_optim_states.pt")

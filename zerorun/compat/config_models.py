@@ -83,17 +83,15 @@ class DeepSpeedZeroConfig:
             raise ConfigError(DICT_ORIGIN, errors)
         self._block = ZeroConfig(**rewritten.data["zero_optimization"])  # pydantic's ValidationError, as DeepSpeed
         self._given = given
+        if int(self._block.stage) == 3 and self._block.elastic_checkpoint:  # DeepSpeed's words, on its logger
+            logging.getLogger("DeepSpeed").warning("ZeRO-3 elastic checkpointing is deprecated and no longer "
+                                                   "supported. Use Universal Checkpointing instead.")
 
     @property
     def overlap_comm(self) -> bool:
         """Unset: true at stage 3, false below (DeepSpeed's default)."""
         value = self._block.overlap_comm
         return int(self._block.stage) == 3 if value is None else bool(value)
-
-    @property
-    def pipeline_loading_checkpoint(self) -> bool:
-        """Pipeline parallelism's checkpoint loading: never, zerorun is data-parallel only."""
-        return False
 
     @property
     def offload_param(self) -> OffloadParamConfig | None:

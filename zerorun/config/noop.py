@@ -18,6 +18,8 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.stage3_model_persistence_threshold": "only stage3_param_persistence_threshold is read",
     "zero_optimization.load_from_fp32_weights": "checkpoints always restore the fp32 masters they hold",
     "zero_optimization.elastic_checkpoint": "checkpoints always load into any world size",
+    "zero_optimization.pipeline_loading_checkpoint": "zerorun runs no pipeline parallelism: a checkpoint loads "
+                                                     "into the module the same way either way",
     "zero_optimization.contiguous_gradients": "gradients always live in flat per-bucket buffers",
     "zero_optimization.allgather_partitions": "parameters are always all-gathered bucket by bucket",
     "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather the reduce_bucket_size buckets",

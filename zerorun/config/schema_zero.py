@@ -141,6 +141,9 @@ class ZeroConfig(Block):
     elastic_checkpoint: Bool = Field(
         False, description="Load a checkpoint saved with a different world size (stages 1-2)."
     )
+    pipeline_loading_checkpoint: Bool = Field(
+        False, description="Stage 3: load a pipeline-parallel checkpoint into the module (DeepSpeed's key)."
+    )
     round_robin_gradients: Bool = Field(
         False, description="Stage 1-2 gradient partitioning in round-robin order (CPU offload)."
     )

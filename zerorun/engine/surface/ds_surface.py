@@ -8,6 +8,7 @@ Unknown attributes are forwarded to the wrapped module, as DeepSpeed's engine do
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,12 @@ class DeepSpeedSurface:
     @_is_gradient_accumulation_boundary.setter
     def _is_gradient_accumulation_boundary(self, value: bool | None) -> None:
         self._boundary_override = None if value is None else bool(value)
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path: str, tag: str, expp_rank: int = 0) -> str:
+        """DeepSpeed's name of an expert-parallel rank's optimizer file in a tag folder. zerorun writes none (no
+        expert parallelism; a rank's optimizer state is in its ``rank_NNNNN.pt``) and never reads one; the
+        name is given for scripts and tests that look it up or wrap it."""
+        return os.path.join(checkpoints_path, str(tag), f"expp_rank_{expp_rank}_mp_rank_00_optim_states.pt")
 
     def _backward_epilogue(self) -> None:
         """DeepSpeed's end of a backward, which scripts call after one plain ``loss.backward()`` over several
