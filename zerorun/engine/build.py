@@ -29,7 +29,7 @@ from zerorun.engine.comm.bootstrap import DistContext
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.comm.groups import Groups
 from zerorun.engine.errors import EngineError
-from zerorun.engine.flat_setup import move_the_rest, streamed_buckets, streamed_masters
+from zerorun.engine.flat_setup import broadcast_frozen, move_the_rest, streamed_buckets, streamed_masters
 from zerorun.engine.mechanism import quantized_units
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
@@ -166,6 +166,7 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
                                                                  precision, offload)
         move_the_rest(module, ctx.device)
         cast_parameters(module, precision.compute_dtype)  # the frozen ones; bucket views are already cast
+        broadcast_frozen(module, buckets, coll)
         layout = Layout(list(buckets), group_of)
     for group in pg.by_name().values():  # same-host gloo ranks: shared memory, a slot per bucket
         group.open_shared_lane(layout.largest())

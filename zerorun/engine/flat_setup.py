@@ -14,7 +14,8 @@ copied every bucket (a model sized for its steady state, 13-20B with ``offload_o
 So the device holds the buckets done (compute dtype) + one bucket in fp32 + its cast:
 at most the model in the compute dtype + one fp32 bucket, plus the masters that live on the
 device anyway. What no bucket holds (frozen parameters, buffers) then moves module by module,
-each move through :func:`~zerorun.engine.mechanism.placement.to_device` (countable).
+each move through :func:`~zerorun.engine.mechanism.placement.to_device` (countable), and the
+frozen parameters are broadcast from rank 0 as the buckets were (:func:`broadcast_frozen`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ def streamed_masters(buckets: list[FlatBucket], masters: list[torch.Tensor], ali
     out = wrap_masters(inner, offload, optimizer)
     out.rebind()
     return out
+
+
+def broadcast_frozen(module: nn.Module, buckets: list[FlatBucket], coll: Collectives) -> None:
+    """Rank 0's values for the parameters no bucket holds (the frozen ones), on every rank.
+
+    DeepSpeed's ``initialize`` broadcasts every parameter, frozen ones included, so a frozen layer each
+    rank initialized differently (another seed, a random projection) is one model everywhere; the
+    buckets are broadcast as they are made. Buffers are not broadcast, as in DeepSpeed."""
+    held = {id(p) for b in buckets for p in b.params}
+    with torch.no_grad():
+        for p in module.parameters():  # tied parameters once
+            if id(p) in held:
+                continue
+            data = p.data if p.data.is_contiguous() else p.data.contiguous()
+            coll.broadcast(data.view(torch.uint8) if data.dim() else data, src=0)  # any dtype, as raw bytes
+            if data is not p.data:
+                p.data.copy_(data)
 
 
 def move_the_rest(module: nn.Module, device: torch.device) -> None:
