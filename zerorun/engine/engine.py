@@ -57,6 +57,11 @@ class NonFiniteGradientWarning(RuntimeWarning):
     """A bf16/fp32 step saw an inf/nan loss or gradient and was skipped."""
 
 
+class UnscaledBackwardWarning(RuntimeWarning):
+    """An fp16 step's backward passes all ran without the loss scale (a plain ``loss.backward()`` past the
+    engine's forward): they are stepped as they are, unscaled."""
+
+
 def _cast_inputs(obj: _T, dtype: torch.dtype) -> _T:
     if torch.is_tensor(obj):
         return obj.to(dtype) if obj.is_floating_point() and obj.dtype != dtype else obj
@@ -96,6 +101,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         self.throughput = metrics.Throughput(samples_per_step=config.train_batch_size)
         PROGRESS.samples_per_step = int(config.train_batch_size)  # the live view's samples/s
         self._trial = recorder_for(self)  # None unless `zerorun autotune` runs this as a trial
+        self._warned_unscaled = False  # UnscaledBackwardWarning is said once
         # read once, not per step: ZERORUN_TRIM_HEAP=0 keeps glibc's free heap (see the step's end)
         self._trim_heap = ctx.device.type == "cpu" and os.environ.get("ZERORUN_TRIM_HEAP", "1") != "0"
         parts.grad_sync.boundary = self.is_gradient_accumulation_boundary  # for plain loss.backward()
@@ -166,11 +172,8 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
         PROGRESS.enter(Phase.SCRIPT)  # until the next engine call, the rank runs the script's own code
 
     def _optimizer_step(self) -> None:
-        parts, scale = self.parts, self.scaler.scale
-        if parts.grad_sync.unscaled_passes and scale != 1.0:
-            raise EngineError(f"[rank {self.ctx.rank}] a plain loss.backward() ran under {self.precision.name} "
-                              f"loss scaling (scale {scale:g}): its gradients are not scaled, and the step would "
-                              "unscale them", "call engine.backward(loss) instead of loss.backward()")
+        parts = self.parts
+        scale = self._unscale_by()
         parts.grad_sync.check_all_used()  # ignore_unused_parameters: false (DeepSpeed's CPU-offload path)
         if self._trim_heap:
             # backward's freed buffers, kept by glibc, would sit under the step's own peak (BENCHMARKS.md,
@@ -209,6 +212,27 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
             # quarter of the resident set) is trimmed: a trim every step cost stage 3 a fifth of its step
             # time for 3% of the peak (BENCHMARKS.md, issue 48); ZERORUN_TRIM_HEAP=0 never trims.
             physical_memory.trim_heap_if_large()
+
+    def _unscale_by(self) -> float:
+        """The factor this step's gradients carry: the loss scale, or 1 where every backward pass of the window
+        ran unscaled (a plain ``loss.backward()`` of a module called past the engine, as DeepSpeed's
+        multiple-models scripts run one; DeepSpeed would divide such gradients by the scale all the same)."""
+        sync, scale = self.parts.grad_sync, self.scaler.scale
+        if not sync.unscaled_passes or scale == 1.0:
+            return scale
+        if sync.unscaled_passes < sync.window_passes:
+            raise EngineError(f"[rank {self.ctx.rank}] this step sums backward passes run with {self.precision.name}'s "
+                              f"loss scale ({scale:g}) and plain loss.backward() passes run without it: the sum "
+                              "cannot be unscaled", "scale every pass alike: engine.backward(loss) (or "
+                              "engine.scale(loss).backward()) for all of them")
+        if not self._warned_unscaled:
+            self._warned_unscaled = True
+            warnings.warn(f"[rank {self.ctx.rank}] the backward passes of step {self.global_steps} ran without "
+                          f"{self.precision.name}'s loss scale (a plain loss.backward() past engine(...)): their "
+                          "gradients are stepped unscaled, and small ones may have underflowed; use "
+                          "engine.backward(loss) or engine.scale(loss).backward() (said once)",
+                          UnscaledBackwardWarning, stacklevel=4)
+        return 1.0
 
     def _report(self) -> None:
         every = self.config.steps_per_print

@@ -19,8 +19,10 @@ Who arms and finishes a pass:
   ``backward()`` returns, as DDP's are. As in DeepSpeed 0.19.8, the engine's outputs divide
   such a backward by ``gradient_accumulation_steps``
   (:mod:`zerorun.engine.training.plain_backward`), so the step uses the mean over the
-  micro-steps, as after ``engine.backward``; fp16's loss scale is not applied (the step
-  refuses it; use ``engine.backward`` or ``engine.scale(loss).backward()``). Reentrant activation checkpointing runs nested backward passes
+  micro-steps, as after ``engine.backward``; fp16's loss scale is not applied (through
+  ``engine(...)`` under the dynamic scale the backward is refused as DeepSpeed refuses it;
+  otherwise the step takes such passes unscaled, with a warning, and refuses a step that
+  sums them with scaled ones; use ``engine.backward`` or ``engine.scale(loss).backward()``). Reentrant activation checkpointing runs nested backward passes
   that would end the pass early: use ``engine.backward`` with it.
 * A pass whose backward raised (autograd stops; nothing finishes it) stays armed until the next
   root forward or step, which unwinds it (:meth:`GradSyncBase.unwind_aborted`, which says what
