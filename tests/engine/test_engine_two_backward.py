@@ -2,8 +2,8 @@
 
 Semantics under test (see zerorun/engine/mechanism/grad_sync.py): the step uses, per parameter, the
 sum over every backward pass since the last step of the rank-averaged gradients, the same
-as one backward of the summed loss; ``engine.backward`` divides each loss by the
-accumulation steps, a plain ``loss.backward()`` does not. The second pass of a boundary
+as one backward of the summed loss; each pass is divided by the accumulation steps
+(``engine.backward`` divides its loss, the engine's outputs a plain ``loss.backward()``, as DeepSpeed's). The second pass of a boundary
 micro-step lands on gradients that were already reduced (at stage 1 the reduce-scatter
 left only the owned chunk defined).
 
@@ -85,7 +85,7 @@ def reference(case: TwoCase, world: int) -> tuple[list[torch.Tensor], list[float
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     rows = MICRO_BATCH * world * case.gas
-    factor = 1.0 if case.mode == "plain" else 1.0 / case.gas  # engine.backward divides by gas
+    factor = 1.0 / case.gas  # engine.backward divides by gas, the outputs a plain backward
     losses = []
     for step in range(STEPS):
         opt.zero_grad(set_to_none=False)

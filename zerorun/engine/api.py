@@ -281,7 +281,7 @@ def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: P
                           cfg: ZerorunConfig, precision: PrecisionPolicy) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
-    zero_optimizer.expose(opt, stage.stage, precision.scaler.dynamic)
+    zero_optimizer.expose(opt, stage.shard_optimizer, precision.scaler.dynamic)
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off

@@ -18,8 +18,9 @@ ZERO_OPTIMIZERS: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 """The optimizers of engines at ZeRO stages 1-3 (held weakly: the engine owns them)."""
 
 
-def expose(optimizer: torch.optim.Optimizer, stage: int, dynamic_scale: bool) -> None:
-    """Give ``optimizer`` DeepSpeed's ``needs_scaler()``; at stages 1-3, count it as a ZeRO optimizer."""
+def expose(optimizer: torch.optim.Optimizer, sharded: bool, dynamic_scale: bool) -> None:
+    """Give ``optimizer`` DeepSpeed's ``needs_scaler()``; where it steps shards (stages 1-3), count it as a
+    ZeRO optimizer."""
     optimizer.needs_scaler = lambda: dynamic_scale  # type: ignore[attr-defined]
-    if stage >= 1:
+    if sharded:
         ZERO_OPTIMIZERS.add(optimizer)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 
@@ -40,7 +39,7 @@ def engine_backward() -> Iterator[None]:
         _engine_backwards -= 1
 
 
-def hook_outputs(outputs: Any, steps: int, unscaled: Callable[[], bool] | None = None) -> None:
+def hook_outputs(outputs: object, steps: int, unscaled: Callable[[], bool] | None = None) -> None:
     """Hook the forward's outputs: a backward the script runs itself is divided by ``steps`` and, where
     ``unscaled`` is given, refused when it says the loss needed ``engine.scale`` and did not get it."""
     if (steps == 1 and unscaled is None) or not torch.is_grad_enabled():
@@ -60,7 +59,7 @@ def hook_outputs(outputs: Any, steps: int, unscaled: Callable[[], bool] | None =
         tensor.register_hook(hook)
 
 
-def _grad_outputs(outputs: Any) -> Iterator[torch.Tensor]:
+def _grad_outputs(outputs: object) -> Iterator[torch.Tensor]:
     if isinstance(outputs, torch.Tensor):
         if outputs.grad_fn is not None:
             yield outputs
