@@ -64,7 +64,14 @@ class _StandIn(type):
 
 
 def unsupported_class(name: str, feature: str) -> type:
-    """A class whose construction raises: lets ``from deepspeed.x import Name`` succeed, fails on use."""
+    """A class whose construction raises: lets ``from deepspeed.x import Name`` succeed, fails on use.
+
+    A name of an exception class (``...Error``, ``...Exception``) is a real exception class instead, one
+    zerorun never raises: a script's ``except ZeRORuntimeException:`` (or ``pytest.raises``) must not
+    itself fail with "catching classes that do not inherit from BaseException"."""
+    if name.endswith(("Error", "Exception")):
+        return _StandIn(name, (Exception,), {"_feature": feature,
+                                             "__doc__": f"DeepSpeed's {name}, which zerorun never raises."})
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         unsupported(feature)

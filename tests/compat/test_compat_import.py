@@ -175,3 +175,22 @@ def test_moe_helpers_give_deepspeeds_answer_for_a_model_without_experts() -> Non
     assert got["groups"] == [[4, "a", 0.1]] and got["same"] == [True]  # a tuple becomes a list, groups unchanged
     assert got["wrapped"] == [[4, "dense-params"]] and got["split"] == [True, []]
     assert got["expert_error"].startswith("UnsupportedFeature") and "mixture of experts" in got["expert_error"]
+
+
+def test_an_exception_name_zerorun_lacks_is_an_exception_it_never_raises() -> None:
+    """``except ZeRORuntimeException:`` in a DeepSpeed script (and ``pytest.raises``) needs an exception class."""
+    from zerorun.compat.lazy import unsupported_names
+
+    names = unsupported_names("deepspeed.runtime.zero.utils")
+    exc = names("ZeRORuntimeException")
+    assert issubclass(exc, Exception) and exc is names("ZeRORuntimeException")
+    try:
+        raise exc("raised by the script itself")
+    except exc as e:
+        assert str(e) == "raised by the script itself"
+    with pytest.raises(ValueError):  # another error passes through an except clause naming it
+        try:
+            raise ValueError("other")
+        except exc:
+            pass
+    assert not issubclass(names("ZeroStageEnum"), BaseException)  # other names stay stand-ins
