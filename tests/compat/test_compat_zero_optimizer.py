@@ -59,7 +59,7 @@ def test_needs_scaler_and_zero_optimizer_answer_as_deepspeeds() -> None:
     assert got["z1-fp16"] == [True, True, True]  # fp16's dynamic scale needs engine.scale
     assert got["z3-bf16"] == [True, True, False]
     assert got["z2-static"] == [True, True, False]  # DeepSpeed's rule: only a dynamic scale says True
-    assert got["unscaled"].startswith("Loss scaling is required for this configuration"), got["unscaled"]
+    assert got["unscaled"].startswith("[rank 0] Loss scaling is required for this configuration"), got["unscaled"]
     assert got["scaled_steps"] == 1
     assert got["plain_optimizer"] is False
     assert got["torch_version"] is True  # deepspeed.utils.torch imports under the shim

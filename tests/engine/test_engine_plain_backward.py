@@ -220,7 +220,8 @@ def test_plain_backward_under_fp16_loss_scaling(runs: tuple[int, list[dict]]) ->
     _, results = runs
     for rank, r in enumerate(results):
         got = r["fp16-error"]
-        assert got["dynamic"].startswith("LossScalingRequired: Loss scaling is required for this configuration")
+        assert got["dynamic"].startswith(f"LossScalingRequired: [rank {rank}] Loss scaling is required for this "
+                                         "configuration"), got
         assert "engine.scale(loss).backward()" in got["dynamic"], got
         for kind in ("static", "module"):  # stepped unscaled, said once, the weights of engine.backward's step
             said, gap = got[kind].split(" | gap ")

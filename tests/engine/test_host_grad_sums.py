@@ -4,7 +4,8 @@ ZeRO-1/2 optimizer has it under optimizer offload: the window's gradient sums in
 One engine of one rank in this process per case, four micro-steps per step: after each backward the
 mapping holds the accumulator's own host tensors (no copies), and their norm is the norm of the
 gradient summed so far by one process on plain torch (each micro-step's loss over 4, as
-``engine.backward`` scales it); after the step the window is empty again. At one micro-step per step it
+``engine.backward`` scales it); after the step the window is empty again, and after
+``set_train_batch_size`` leaves one micro-step per step it stays empty. At one micro-step per step it
 is empty (DeepSpeed allocates none), and without offload the optimizer has no such attribute.
 """
 
@@ -59,6 +60,11 @@ def test_the_window_sums_in_host_memory(world_of_one: None, stage: int) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
         engine.step()
     assert len(sums) == 0  # the step consumed the window
+    engine.set_train_batch_size(2)  # one micro-step per step from now on: read at each access, so none
+    x, y = _batch(0)
+    engine.backward(nn.functional.mse_loss(engine(x), y))
+    assert engine.gradient_accumulation_steps() == 1 and len(sums) == 0
+    engine.step()
 
 
 def test_one_micro_step_per_step_keeps_none(world_of_one: None) -> None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from zerorun.engine.build import Parts, build_parts
+from zerorun.engine.build import build_parts
 from zerorun.engine.comm import comms_logger
 from zerorun.engine.comm.bootstrap import DistContext, init_distributed
 from zerorun.engine.comm.collectives import Collectives
@@ -263,9 +263,9 @@ def _initialize(ctx: DistContext, model: nn.Module, optimizer: OptimizerArg | No
     groups = (build_groups(coll, zero.zero_hpz_partition_size, zero.mics_shard_size,
                            zero.mics_hierarchical_params_gather) if stage.shard_parameters else None)
     parts = build_parts(model, opt, ctx, coll, stage, precision, zero, reduce, offload, param_offload, groups)
-    _deepspeed_attributes(model, opt, parts, stage, cfg, precision)
     scheduler = _make_scheduler(cfg, lr_scheduler, opt)
     engine = Engine(model, opt, scheduler, cfg, ctx, coll, stage, precision, parts)
+    _deepspeed_attributes(engine)
     _compile_if_configured(engine, cfg)
     return engine, opt, _attach_loader(engine, training_data, collate_fn), scheduler
 
@@ -277,11 +277,11 @@ def _compile_if_configured(engine: Engine, cfg: ZerorunConfig) -> None:
         engine.compile(backend=cfg.compile.backend, compile_kwargs=dict(cfg.compile.kwargs))
 
 
-def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: Parts, stage: StagePolicy,
-                          cfg: ZerorunConfig, precision: PrecisionPolicy) -> None:
+def _deepspeed_attributes(engine: Engine) -> None:
     """What libraries written for DeepSpeed read from its optimizer and parameters (after the build:
     a bucket's persistence is set by then, which is no state transition)."""
-    zero_optimizer.expose(opt, stage.shard_optimizer, precision.scaler.dynamic)
+    model, opt, parts, stage = engine.module, engine.optimizer, engine.parts, engine.stage
+    zero_optimizer.expose(opt, stage.shard_optimizer, engine.precision.scaler.dynamic)
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
@@ -291,8 +291,7 @@ def _deepspeed_attributes(model: nn.Module, opt: torch.optim.Optimizer, parts: P
         flat_groups.expose(opt, parts.buckets)
         accum = getattr(parts.grad_sync, "accum", None)  # the sharded reducer's sums (stage 2; 1 with offload)
         if isinstance(accum, ShardAccumulator) and accum.home is not None:  # optimizer offload
-            opt.accumulated_grads_in_cpu = HostGradSums(  # type: ignore[attr-defined]
-                accum, lambda: int(cfg.gradient_accumulation_steps))
+            opt.accumulated_grads_in_cpu = HostGradSums(accum, engine)  # type: ignore[attr-defined]
 
 
 def _attach_loader(engine: Engine, training_data: Dataset[Any] | None,

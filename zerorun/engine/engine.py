@@ -5,8 +5,9 @@
     engine.step()           # steps the optimizer on the accumulation boundary only
 
 A plain ``loss.backward()`` reduces the gradients too (see :mod:`zerorun.engine.mechanism.grad_sync`),
-divided by the accumulation steps as DeepSpeed divides it (:mod:`zerorun.engine.training.plain_backward`), and ``model.zero_grad()`` / ``optimizer.zero_grad()``
-drop the engine's gradients as ``engine.zero_grad()`` does.
+divided by the accumulation steps as DeepSpeed divides it (:mod:`zerorun.engine.training.plain_backward`),
+and ``model.zero_grad()`` / ``optimizer.zero_grad()`` drop the engine's gradients as ``engine.zero_grad()``
+does.
 
 The engine holds the parts (buckets, master shards, gradient sync) and sequences them;
 it never asks which ZeRO stage it runs.
@@ -126,7 +127,7 @@ class Engine(DeepSpeedSurface, HfSurface, CompileSurface):
             args = _cast_inputs(args, torch.float16)
         with self._autocast():  # torch_autocast (see DeepSpeedSurface._autocast)
             outputs = self.module(*args, **kwargs)
-        hook_outputs(outputs, self.gradient_accumulation_steps(),
+        hook_outputs(outputs, self.gradient_accumulation_steps(), self.ctx.rank,
                      self._unscaled_plain_backward if self.precision.scaler.dynamic else None)
         return outputs
 

@@ -89,8 +89,8 @@ def broadcast_frozen(module: nn.Module, buckets: list[FlatBucket], coll: Collect
         for p in module.parameters():  # tied parameters once
             if id(p) in held:
                 continue
-            data = p.data if p.data.is_contiguous() else p.data.contiguous()
-            coll.broadcast(data.view(torch.uint8) if data.dim() else data, src=0)  # any dtype, as raw bytes
+            data = p.data.contiguous()  # itself when contiguous
+            coll.broadcast(data.reshape(-1).view(torch.uint8), src=0)  # any dtype and shape, as raw bytes
             if data is not p.data:
                 p.data.copy_(data)
 

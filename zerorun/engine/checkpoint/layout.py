@@ -76,10 +76,10 @@ def extra_state(module: nn.Module, stored: set[str], aliases: dict[str, str],
                 exclude_frozen: bool = False) -> dict[str, torch.Tensor]:
     """Entries of ``module.state_dict()`` the buckets do not hold: buffers and frozen parameters (the latter
     left out with ``exclude_frozen``, DeepSpeed's ``exclude_frozen_parameters``)."""
-    skip = set(stored) | set(aliases) | (frozen_names(module, stored) if exclude_frozen else set())
+    skip = set(stored) | set(aliases) | (set(frozen_names(module, stored)) if exclude_frozen else set())
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items() if k not in skip}
 
 
-def frozen_names(module: nn.Module, stored: set[str]) -> set[str]:
-    """The module's parameters no bucket holds: the frozen ones (``requires_grad=False``)."""
-    return {n for n, _ in module.named_parameters() if n not in stored}
+def frozen_names(module: nn.Module, stored: set[str]) -> list[str]:
+    """The module's parameters no bucket holds, in the module's order: the frozen ones (``requires_grad=False``)."""
+    return [n for n, _ in module.named_parameters() if n not in stored]

@@ -127,7 +127,7 @@ def build_manifest(engine: CheckpointView, exclude_frozen: bool = False) -> Mani
     parameters extra.pt holds (none with ``exclude_frozen``)."""
     entries, aliases = layout.engine_layout(engine)
     stored = {p.name for b in entries for p in b.params}
-    frozen = [] if exclude_frozen else [n for n, _ in engine.module.named_parameters() if n not in stored]
+    frozen = [] if exclude_frozen else layout.frozen_names(engine.module, stored)
     return Manifest(world_size=layout.saved_world(engine)[0], stage=engine.zero_stage, dtype=engine.precision.name,
                     zerorun_version=__version__, buckets=entries, global_steps=engine.global_steps,
                     aliases=aliases, optimizer=type(engine.optimizer).__name__, frozen=frozen)

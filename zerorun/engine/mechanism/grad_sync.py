@@ -22,8 +22,9 @@ Who arms and finishes a pass:
   micro-steps, as after ``engine.backward``; fp16's loss scale is not applied (through
   ``engine(...)`` under the dynamic scale the backward is refused as DeepSpeed refuses it;
   otherwise the step takes such passes unscaled, with a warning, and refuses a step that
-  sums them with scaled ones; use ``engine.backward`` or ``engine.scale(loss).backward()``). Reentrant activation checkpointing runs nested backward passes
-  that would end the pass early: use ``engine.backward`` with it.
+  sums them with scaled ones; use ``engine.backward`` or ``engine.scale(loss).backward()``).
+  Reentrant activation checkpointing runs nested backward passes that would end the pass
+  early: use ``engine.backward`` with it.
 * A pass whose backward raised (autograd stops; nothing finishes it) stays armed until the next
   root forward or step, which unwinds it (:meth:`GradSyncBase.unwind_aborted`, which says what
   it drops): it adds nothing to the step.

@@ -12,23 +12,24 @@ micro-step per step, as DeepSpeed's, and for a bucket that has received nothing 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
 from zerorun.engine.mechanism.accumulator import ShardAccumulator
+from zerorun.engine.views import BatchFacts
 
 
 class HostGradSums(Mapping[int, torch.Tensor]):
     """Bucket index -> this window's host gradient sum, for the buckets whose sums live in host memory."""
 
-    def __init__(self, accum: ShardAccumulator, steps: Callable[[], int]) -> None:
-        self._accum = weakref.ref(accum)  # the engine owns it
-        self._steps = steps
+    def __init__(self, accum: ShardAccumulator, engine: BatchFacts) -> None:
+        self._accum = weakref.ref(accum)  # both held weakly: the engine owns the accumulator
+        self._engine = weakref.ref(engine)  # its accumulation steps, read at each access (set_train_batch_size)
 
     def _live(self) -> dict[int, torch.Tensor]:
-        accum = self._accum()
-        if accum is None or accum.home is None or self._steps() == 1:
+        accum, engine = self._accum(), self._engine()
+        if accum is None or engine is None or accum.home is None or engine.gradient_accumulation_steps() == 1:
             return {}
         home = accum.home
         return {i: accum.get(i) for i in range(len(accum.buckets)) if home.hosts(i) and accum.holds(i)}

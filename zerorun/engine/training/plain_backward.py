@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from zerorun import torch_compat
-from zerorun.engine.errors import LossScalingRequired
+from zerorun.engine.errors import LossScalingRequired, rank_prefixed
 
 _engine_backwards = 0  # engine.backward calls running now (their loss is divided already)
 
@@ -39,9 +39,9 @@ def engine_backward() -> Iterator[None]:
         _engine_backwards -= 1
 
 
-def hook_outputs(outputs: object, steps: int, unscaled: Callable[[], bool] | None = None) -> None:
+def hook_outputs(outputs: object, steps: int, rank: int, unscaled: Callable[[], bool] | None = None) -> None:
     """Hook the forward's outputs: a backward the script runs itself is divided by ``steps`` and, where
-    ``unscaled`` is given, refused when it says the loss needed ``engine.scale`` and did not get it."""
+    ``unscaled`` is given, refused on ``rank`` when it says the loss needed ``engine.scale`` and did not get it."""
     if (steps == 1 and unscaled is None) or not torch.is_grad_enabled():
         return
 
@@ -49,9 +49,9 @@ def hook_outputs(outputs: object, steps: int, unscaled: Callable[[], bool] | Non
         if _engine_backwards or torch_compat.functorch_transforming():
             return grad
         if unscaled is not None and unscaled():
-            raise LossScalingRequired(
-                "Loss scaling is required for this configuration, but backward() was called directly without "
-                "scaling the loss (fp16's dynamic loss scale)",
+            raise LossScalingRequired(rank_prefixed(
+                rank, "Loss scaling is required for this configuration, but backward() was called directly "
+                "without scaling the loss (fp16's dynamic loss scale)"),
                 "use engine.backward(loss), or engine.scale(loss).backward()")
         return grad / steps if steps != 1 else grad
 
