@@ -37,7 +37,7 @@ from zerorun.engine.numerics import precision as precision_mod
 from zerorun.engine.offload import from_config as offload_from_config
 from zerorun.engine.offload.params import param_policy
 from zerorun.engine.policy import policy_for_stage
-from zerorun.engine.surface import ds_param_attrs, flat_groups, zero_optimizer
+from zerorun.engine.surface import ds_param_attrs, flat_groups, partition_views, zero_optimizer
 from zerorun.engine.surface.host_grad_sums import HostGradSums
 from zerorun.engine.surface.parameter_offload import ParameterOffload, install_module_surface
 from zerorun.engine.training.dataloader import build_dataloader
@@ -282,6 +282,8 @@ def _deepspeed_attributes(engine: Engine) -> None:
     a bucket's persistence is set by then, which is no state transition)."""
     model, opt, parts, stage = engine.module, engine.optimizer, engine.parts, engine.stage
     zero_optimizer.expose(opt, stage.shard_optimizer, engine.precision.scaler.dynamic)
+    if stage.shard_optimizer:
+        partition_views.expose_gradients(opt, engine)
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
@@ -289,6 +291,7 @@ def _deepspeed_attributes(engine: Engine) -> None:
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
     elif stage.shard_optimizer:  # ZeRO-1/2: the parameters are views of flat buffers, DeepSpeed's bit16_groups_flat
         flat_groups.expose(opt, parts.buckets)
+        partition_views.expose_partitions(opt, engine)
         accum = getattr(parts.grad_sync, "accum", None)  # the sharded reducer's sums (stage 2; 1 with offload)
         if isinstance(accum, ShardAccumulator) and accum.home is not None:  # optimizer offload
             opt.accumulated_grads_in_cpu = HostGradSums(accum, engine)  # type: ignore[attr-defined]

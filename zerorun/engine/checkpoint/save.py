@@ -19,6 +19,7 @@ system every rank sees (one directory per node is not a checkpoint).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -119,7 +120,20 @@ def write_recovery_script(root: Path) -> None:
     """``root/zero_to_fp32.py``, as DeepSpeed writes its own: ``python zero_to_fp32.py . out_dir`` needs only torch."""
     script = root / zero_to_fp32.SCRIPT_NAME
     atomic.write_bytes(script, Path(zero_to_fp32.__file__).read_bytes())
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    make_executable(script)
+
+
+def make_executable(script: Path) -> bool:
+    """Set the execute bits of ``script``; where the file system refuses (an Azure file share allows no
+    chmod) or the file is gone, say so at INFO on DeepSpeed's logger, as DeepSpeed does, and go on: the
+    script still runs as ``python zero_to_fp32.py``. True when the bits were set."""
+    try:
+        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    except (FileNotFoundError, PermissionError) as e:
+        logging.getLogger("DeepSpeed").info(f"Warning: Could not change permissions for {script} due to error: {e}. "
+                                            "Continuing without changing permissions.")
+        return False
+    return True
 
 
 def build_manifest(engine: CheckpointView, exclude_frozen: bool = False) -> Manifest:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -120,6 +121,24 @@ class DeepSpeedSurface:
         expert parallelism; a rank's optimizer state is in its ``rank_NNNNN.pt``) and never reads one; the
         name is given for scripts and tests that look it up or wrap it."""
         return os.path.join(checkpoints_path, str(tag), f"expp_rank_{expp_rank}_mp_rank_00_optim_states.pt")
+
+    def _change_recovery_script_permissions(self, dst: str) -> None:
+        """Make the ``zero_to_fp32.py`` a checkpoint carries executable, as ``save_checkpoint`` does; a file
+        system that refuses chmod is logged at INFO on DeepSpeed's logger, never raised (DeepSpeed's rule)."""
+        from zerorun.engine.checkpoint.save import make_executable
+
+        make_executable(Path(dst))
+
+    def allreduce_gradients(self, bucket_size: int | None = None) -> None:
+        """Reduce the gradients the backward passes since the last reduction kept local (DeepSpeed's public
+        reduction). Each boundary ``backward`` has reduced already, so after one this does nothing; after passes
+        that kept theirs local (``no_sync()``, a non-boundary micro-step at stages 0-1) it reduces their sum now,
+        as the boundary pass would have. ``bucket_size`` is DeepSpeed's and ignored: the buckets are the layout's.
+        Every rank must call it (a collective, as in DeepSpeed)."""
+        sync = self.parts.grad_sync
+        sync.unwind_aborted()
+        if sync.window_passes and not sync.sync:
+            sync.reduce_held()
 
     def _backward_epilogue(self) -> None:
         """DeepSpeed's end of a backward, which scripts call after one plain ``loss.backward()`` over several

@@ -1,5 +1,6 @@
-"""What scripts ask of ``engine.optimizer`` as of DeepSpeed's ZeRO optimizer: ``needs_scaler()``, and
-whether it is one (``isinstance(opt, deepspeed.runtime.base_optimizer.ZeROOptimizer)``).
+"""What scripts ask of ``engine.optimizer`` as of DeepSpeed's ZeRO optimizer: ``needs_scaler()``, whether
+it is one (``isinstance(opt, deepspeed.runtime.base_optimizer.ZeROOptimizer)``), and the torch optimizer
+it wraps (``opt.optimizer``).
 
 DeepSpeed 0.19.8's manual backward reads them: ``if engine.optimizer.needs_scaler(): loss =
 engine.scale(loss)``. ``needs_scaler()`` is True under fp16's dynamic loss scale alone (DeepSpeed's
@@ -11,6 +12,7 @@ cannot be an instance of DeepSpeed's class; the compatibility layer's ``ZeROOpti
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import torch
 
@@ -24,3 +26,40 @@ def expose(optimizer: torch.optim.Optimizer, sharded: bool, dynamic_scale: bool)
     optimizer.needs_scaler = lambda: dynamic_scale  # type: ignore[attr-defined]
     if sharded:
         ZERO_OPTIMIZERS.add(optimizer)
+        optimizer.optimizer = BaseOptimizer(optimizer)  # type: ignore[attr-defined]
+
+
+class BaseOptimizer:
+    """``optimizer.optimizer``: DeepSpeed's ZeRO optimizer wraps the torch optimizer that steps the fp32
+    partitions; zerorun steps with that optimizer itself, so this is a view of it: every attribute read
+    and written goes to it (``state``, ``param_groups``, ``state_dict()``, ``load_state_dict()``), and
+    ``isinstance`` sees its class. It has no ``optimizer`` of its own, so code that unwraps
+    ``.optimizer`` until there is none stops here instead of looping; it holds the optimizer weakly
+    (the optimizer holds the view)."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, target: torch.optim.Optimizer) -> None:
+        object.__setattr__(self, "_ref", weakref.ref(target))
+
+    @property
+    def _target(self) -> torch.optim.Optimizer:
+        target = object.__getattribute__(self, "_ref")()
+        if target is None:
+            raise ReferenceError("the optimizer this view wraps is gone")
+        return target
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance(view, torch.optim.Adam) as for the optimizer itself
+        return type(self._target)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "optimizer":
+            raise AttributeError(f"{type(self._target).__name__} is the base optimizer: it wraps none")
+        return getattr(self._target, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._target, name, value)
+
+    def __repr__(self) -> str:
+        return repr(self._target)

@@ -1,0 +1,98 @@
+"""``optimizer.single_partition_of_fp32_groups`` and ``optimizer.averaged_gradients`` of DeepSpeed's ZeRO optimizer.
+
+RLHF frameworks and DeepSpeed's own tests read these two between ``backward`` and ``step`` and around
+``engine.offload_states()``:
+
+* ``single_partition_of_fp32_groups``: the fp32 master partition this rank steps, one flat tensor per
+  parameter group in DeepSpeed, one per bucket in zerorun (a group's parameters span several buckets:
+  ``reduce_bucket_size``). Each item is the master itself, the tensor ``optimizer.state`` is keyed by,
+  so ``optimizer.state[p]["exp_avg"]`` works; writing into one writes the master.
+* ``averaged_gradients``: parameter group index -> this rank's reduced gradient partitions, on the
+  engine's device, once the accumulation boundary's backward has reduced them and until the step
+  (DeepSpeed lists one tensor per parameter partition, zerorun one per bucket chunk). Empty before
+  that, after the step, and always under ``offload_optimizer``: there, as in DeepSpeed, the sums live in
+  host memory (``optimizer.accumulated_grads_in_cpu``).
+
+Both are read from the engine at each access, held weakly (the engine owns them): a master that
+``offload_states`` moves is never seen stale.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import overload
+
+import torch
+
+from zerorun.engine.views import Shards
+
+
+def _engine(ref: weakref.ReferenceType[Shards]) -> Shards:
+    engine = ref()
+    if engine is None:
+        raise RuntimeError("the engine of this optimizer is gone")
+    return engine
+
+
+class FP32Partitions(Sequence[torch.Tensor]):
+    """The fp32 master partition of every bucket, in layout order (the optimizer's own parameters)."""
+
+    def __init__(self, engine: Shards) -> None:
+        self._engine = weakref.ref(engine)
+
+    def _live(self) -> list[torch.Tensor]:
+        return list(_engine(self._engine).parts.masters.masters)
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+
+    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(self._live())
+
+
+class AveragedGradients(Mapping[int, list[torch.Tensor]]):
+    """Group index -> the reduced gradient chunks of its buckets, held between the boundary backward and the step."""
+
+    def __init__(self, engine: Shards) -> None:
+        self._engine = weakref.ref(engine)
+
+    def _live(self) -> dict[int, list[torch.Tensor]]:
+        parts = _engine(self._engine).parts
+        sync = parts.grad_sync
+        home = getattr(getattr(sync, "accum", None), "home", None)
+        if home is not None or sync.armed or not sync.window_passes or not sync.sync:
+            return {}  # offloaded, mid-pass, nothing since the step, or the last pass kept its gradients local
+        out: dict[int, list[torch.Tensor]] = {}
+        for bucket, grad in zip(parts.buckets, sync.owned_grads(), strict=True):
+            out.setdefault(bucket.plan.group_index, []).append(grad)
+        return out
+
+    def __getitem__(self, group: int) -> list[torch.Tensor]:
+        return self._live()[group]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._live())
+
+
+def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
+    """ZeRO-1/2: ``optimizer.single_partition_of_fp32_groups`` over ``engine``'s masters (stage 3's optimizer
+    names its masters otherwise in DeepSpeed)."""
+    optimizer.single_partition_of_fp32_groups = FP32Partitions(engine)  # type: ignore[attr-defined]
+
+
+def expose_gradients(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
+    """ZeRO-1/2/3: ``optimizer.averaged_gradients`` over ``engine``'s gradient sync."""
+    optimizer.averaged_gradients = AveragedGradients(engine)  # type: ignore[attr-defined]
