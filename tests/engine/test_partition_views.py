@@ -187,3 +187,32 @@ def test_stage3_averaged_gradients_sum_passes_until_the_step() -> None:
         assert out.pop("norm 1") == pytest.approx(_reference_grad_norm([0, 1], 1), rel=1e-5)
         assert out.pop("keys") == [0]
         assert all(out.values()), out
+
+
+def _flat_buffer(rank: int, world: int, offload: bool) -> dict[str, Any]:
+    from zerorun.compat.offload_states import get_state_devices
+
+    engine, opt, *_ = zerorun.initialize(model=_model(), config=_config(3, offload=offload))
+    accum = engine.parts.grad_sync.accum
+    flat = opt.grad_partitions_flat_buffer
+    base = flat.data_ptr()
+    ends = [(a.data_ptr() - base) // 4 for a in accum.acc]  # each sum a view of the flat buffer, back to back
+    out: dict[str, Any] = {"views": all(a.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+                                        for a in accum.acc)
+                           and ends == [sum(b.shard_numel for b in engine.parts.buckets[:i])
+                                        for i in range(len(ends))]
+                           and flat.numel() == sum(b.shard_numel for b in engine.parts.buckets)}
+    engine.backward(nn.functional.mse_loss(engine(_local(0, rank)[0]), _local(0, rank)[1]))
+    out["norm"] = _global_norm([flat])
+    out["devices"] = {s: get_state_devices(engine, s) for s in ("hp_params", "lp_params", "optim_states", "lp_grads")}
+    engine.step()
+    engine.destroy()
+    return out
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_stage3_gradient_sums_are_one_flat_buffer(offload: bool) -> None:
+    for out in run_distributed(_flat_buffer, WORLD, offload, timeout=240):
+        assert out["views"]
+        assert out["norm"] == pytest.approx(_reference_grad_norm([0], 1), rel=1e-5)
+        assert out["devices"] == {s: {torch.device("cpu")} for s in out["devices"]}

@@ -289,6 +289,9 @@ def _deepspeed_attributes(engine: Engine) -> None:
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
         ds_param_attrs.sync_all([*parts.buckets, *parts.frozen])
         opt.parameter_offload = ParameterOffload(model, parts.coordinator, parts.units)  # type: ignore[attr-defined]
+        flat = getattr(getattr(parts.grad_sync, "accum", None), "flat", None)
+        if flat is not None:  # DeepSpeed's stage 3 sums the rank's gradient partitions in one flat buffer too
+            opt.grad_partitions_flat_buffer = flat  # type: ignore[attr-defined]
     elif stage.shard_optimizer:  # ZeRO-1/2: the parameters are views of flat buffers, DeepSpeed's bit16_groups_flat
         flat_groups.expose(opt, parts.buckets)
         partition_views.expose_partitions(opt, engine)

@@ -3,7 +3,8 @@
 No GPU here: the stand-in is what lets a missing wait on a ``non_blocking`` host<->device
 copy fail a CPU test. Checked: a device->host copy lands only at its fence (poison until
 then), a host source overwritten before its fence poisons the destination, a ring slot
-reused before the copy that read it was waited for is refused, and (item 1 of the GPU
+reused before the copy that read it was waited for is refused, a destination that is a view is judged
+by its own bytes (its neighbours in the buffer may be written), and (item 1 of the GPU
 review) stage-3 NVMe parameter offload with ``pin_memory`` trains exactly under the stand-in:
 it failed there while the gather's host->device copy bypassed the copier (the third fetch
 overwrote ring slot 0 with nothing waiting for the first copy).
@@ -64,6 +65,22 @@ def test_a_copy_down_written_over_before_its_wait_is_an_error() -> None:
     host = t.pinned(torch.zeros(2))
     t.copy(host, torch.ones(2))
     host.fill_(5.0)
+    with pytest.raises(CopyRaceError, match="written before its fence"):
+        t.wait()
+
+
+def test_copies_down_into_views_of_one_buffer_tell_their_own_writes_from_a_neighbours() -> None:
+    """Views share a version counter: a copy's destination is judged by its own bytes (the poison), so a
+    write beside it (another bucket's sum in the same flat buffer) is no race, and one into it still is."""
+    t = _transfers()
+    flat = t.pinned(torch.zeros(4))
+    left, right = flat[:2], flat[2:]
+    t.copy(left, torch.ones(2))
+    right.fill_(3.0)  # the neighbour
+    t.wait()
+    assert flat.tolist() == [1.0, 1.0, 3.0, 3.0]
+    t.copy(left, torch.ones(2))
+    left[1] = 5.0
     with pytest.raises(CopyRaceError, match="written before its fence"):
         t.wait()
 

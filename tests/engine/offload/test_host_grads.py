@@ -202,7 +202,7 @@ def test_a_units_gradients_travel_to_the_host_while_the_next_unit_computes(monke
     monkeypatch.setenv(copy_checks.CHECK_ENV, "deferred")
     engine, _, _, _ = zerorun.initialize(model=_model(), config=_config(stage, "cpu", tmp_path, bf16=False))
     sync, stream = engine.parts.grad_sync, copy_checks.stream()
-    sums = {a.untyped_storage().data_ptr(): i for i, a in enumerate(sync.accum.acc)}  # fp32: copied straight in
+    sums = {a.data_ptr(): i for i, a in enumerate(sync.accum.acc)}  # fp32: copied straight in
     order: list[int] = []  # buckets in the order their backward started
     travelling: dict[int, list[int]] = {}  # bucket -> buckets whose chunk was in flight as its backward started
     on_grad = sync.on_grad_ready
@@ -210,7 +210,7 @@ def test_a_units_gradients_travel_to_the_host_while_the_next_unit_computes(monke
     def watched(bucket: int, slot: int, param: torch.Tensor) -> None:
         if bucket not in travelling:
             order.append(bucket)
-            travelling[bucket] = sorted(sums[c.dst.untyped_storage().data_ptr()] for c in stream.inflight if c.side)
+            travelling[bucket] = sorted(sums[c.dst.data_ptr()] for c in stream.inflight if c.side)
         on_grad(bucket, slot, param)
 
     sync.on_grad_ready = watched

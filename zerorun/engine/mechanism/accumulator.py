@@ -69,7 +69,9 @@ class ShardAccumulator:
         # bucket i's sum is in host memory while its reduced chunks arrive on the device: they are landed
         self.remote = [home is not None and home.hosts(i) and not home.reachable(b.data)
                        for i, b in enumerate(buckets)]
-        self.acc: list[torch.Tensor | None] = [self._new(i) if eager else None for i in range(len(buckets))]
+        self.flat: torch.Tensor | None = None  # eager sums that live in one place: views of this one buffer
+        self.acc: list[torch.Tensor | None] = (self._in_one_buffer() or [self._new(i) for i in range(len(buckets))]
+                                               if eager else [None] * len(buckets))
         self.fresh = [True] * len(buckets)  # holds nothing since the last zero(): overwrite, not add
         self.additions = 0  # reduced chunks summed in so far (a reducer tells whether a pass added any)
 
@@ -78,6 +80,22 @@ class ShardAccumulator:
         if self.home is not None and self.home.hosts(index):
             return self.home.zeros(bucket.shard_numel, self.dtype)
         return torch.zeros(bucket.shard_numel, dtype=self.dtype, device=bucket.data.device)
+
+    def _in_one_buffer(self) -> list[torch.Tensor | None] | None:
+        """Every bucket's sum as a view of :attr:`flat` (DeepSpeed's ``grad_partitions_flat_buffer``), back to
+        back, so the bytes are those of one buffer per bucket, to the byte (the estimate's); None where the sums
+        live in more than one place (part on the device, part in host memory: ZeRO-Offload++'s ratio)."""
+        hosted = {self.home is not None and self.home.hosts(i) for i in range(len(self.buckets))}
+        devices = {b.data.device for b in self.buckets}
+        if len(hosted) != 1 or len(devices) != 1:
+            return None
+        sizes = [b.shard_numel for b in self.buckets]
+        total = sum(sizes)
+        if self.home is not None and hosted == {True}:
+            self.flat = self.home.zeros(total, self.dtype)
+        else:
+            self.flat = torch.zeros(total, dtype=self.dtype, device=devices.pop())
+        return list(self.flat.split(sizes))
 
     def add(self, index: int, part: torch.Tensor, alpha: float = 1.0) -> Fence | None:
         """Add ``alpha * part`` (a reduced chunk) to bucket ``index``'s sum. A landed chunk returns the fence

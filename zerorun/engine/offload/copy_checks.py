@@ -67,6 +67,15 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(_INT_POISON if t.element_size() >= 4 else -0x5A)
 
 
+def poisoned(t: torch.Tensor) -> bool:
+    """Every element still holds what :func:`poison` wrote."""
+    if t.is_floating_point() or t.is_complex():
+        return bool(t.isnan().all())
+    if t.dtype == torch.bool:
+        return bool(t.all())
+    return bool(t.eq(_INT_POISON if t.element_size() >= 4 else -0x5A).all())
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-for-bit equal (NaN equals NaN)."""
     if a.is_floating_point():
@@ -107,7 +116,11 @@ class InFlight:
             if _storage_key(self.dst) != self.dst_storage:
                 raise CopyRaceError(f"the pinned destination of {what} (device->host) was freed or reallocated "
                                     "before its fence was waited for: on a GPU the copy writes released memory")
-            if torch_compat.version_counter(self.dst) != self.dst_version:
+            # a view shares its version counter with the views beside it (one flat buffer of sums): there,
+            # a write to this one is told by the poison it overwrote
+            written = (not poisoned(self.dst) if self.dst._base is not None
+                       else torch_compat.version_counter(self.dst) != self.dst_version)
+            if written:
                 raise CopyRaceError(f"the pinned destination of {what} (device->host) was written before its "
                                     "fence was waited for: on a GPU the copy overwrites that write later")
             self.dst.copy_(self.snapshot)

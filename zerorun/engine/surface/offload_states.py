@@ -126,3 +126,22 @@ class StateMover:
                 return
         b.data = _move(b.data, device, pin, nb)
         b.bind()
+
+
+def state_devices(engine: Shards, kind: OffloadStateTypeEnum | str) -> set[torch.device]:
+    """Where one kind of state lives now (DeepSpeed's ``get_state_devices``): one device when it is all in one
+    place, the empty set when the engine holds none of it."""
+    kind = S(kind)
+    parts, optimizer = engine.parts, engine.optimizer
+    if kind is S.hp_params:
+        return {m.device for m in parts.masters.masters}
+    if kind is S.lp_params:
+        return {(b.local if getattr(b, "local", None) is not None else b.data).device
+                for b in [*parts.buckets, *parts.frozen]}
+    if kind is S.optim_states:
+        return {v.device for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim()}
+    accum = getattr(parts.grad_sync, "accum", None)
+    if kind is S.lp_grads:
+        return {a.device for a in getattr(accum, "acc", []) if a is not None}
+    sync = parts.grad_sync  # contiguous_grad_buffer: the reducer's staging buffers
+    return {t.device for t in [*getattr(sync, "free", []), *getattr(sync, "staging", {}).values()]}
