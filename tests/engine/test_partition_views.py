@@ -177,6 +177,12 @@ def _stage3(rank: int, world: int) -> dict[str, Any]:
     out["keys"] = list(opt.averaged_gradients)
     engine.step()
     out["empty after the step"] = len(opt.averaged_gradients) == 0
+    # DeepSpeed's sub-groups are zerorun's buckets: masters and parameters under stage 3's names
+    subgroups = list(zip(opt.fp16_groups, opt.fp32_partitioned_groups_flat, strict=True))
+    out["sub-groups"] = (len(subgroups) == len(engine.parts.buckets)
+                         and sorted(id(p) for ps, _ in subgroups for p in ps) == sorted(
+                             id(p) for p in engine.module.parameters())
+                         and all(opt.optimizer.state[m]["step"] == 1 for _, m in subgroups))
     engine.destroy()
     return out
 

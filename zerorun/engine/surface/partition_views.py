@@ -60,6 +60,31 @@ class FP32Partitions(Sequence[torch.Tensor]):
         return iter(self._live())
 
 
+class SubGroupParams(Sequence[list[torch.Tensor]]):
+    """Stage 3's ``fp16_groups``: the trainable parameters of each bucket (DeepSpeed's sub-group), in layout order."""
+
+    def __init__(self, engine: Shards) -> None:
+        self._engine = weakref.ref(engine)
+
+    def _live(self) -> list[list[torch.Tensor]]:
+        return [list(b.params) for b in _engine(self._engine).parts.buckets]
+
+    @overload
+    def __getitem__(self, index: int) -> list[torch.Tensor]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[list[torch.Tensor]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[torch.Tensor] | list[list[torch.Tensor]]:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        return iter(self._live())
+
+
 class AveragedGradients(Mapping[int, list[torch.Tensor]]):
     """Group index -> the reduced gradient chunks of its buckets, held between the boundary backward and the step."""
 
@@ -87,10 +112,15 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
         return iter(self._live())
 
 
-def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
-    """ZeRO-1/2: ``optimizer.single_partition_of_fp32_groups`` over ``engine``'s masters (stage 3's optimizer
-    names its masters otherwise in DeepSpeed)."""
-    optimizer.single_partition_of_fp32_groups = FP32Partitions(engine)  # type: ignore[attr-defined]
+def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards, sharded_params: bool) -> None:
+    """The masters under DeepSpeed's names: ZeRO-1/2's ``single_partition_of_fp32_groups``; stage 3's
+    ``fp32_partitioned_groups_flat``, one per sub-group (zerorun's buckets), with ``fp16_groups``, each
+    sub-group's parameters."""
+    if not sharded_params:
+        optimizer.single_partition_of_fp32_groups = FP32Partitions(engine)  # type: ignore[attr-defined]
+        return
+    optimizer.fp32_partitioned_groups_flat = FP32Partitions(engine)  # type: ignore[attr-defined]
+    optimizer.fp16_groups = SubGroupParams(engine)  # type: ignore[attr-defined]
 
 
 def expose_gradients(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
