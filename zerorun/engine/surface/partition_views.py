@@ -8,8 +8,9 @@ RLHF frameworks and DeepSpeed's own tests read these two between ``backward`` an
   ``reduce_bucket_size``). Each item is the master itself, the tensor ``optimizer.state`` is keyed by,
   so ``optimizer.state[p]["exp_avg"]`` works; writing into one writes the master.
 * ``averaged_gradients``: parameter group index -> this rank's reduced gradient partitions, on the
-  engine's device, once the accumulation boundary's backward has reduced them and until the step
-  (DeepSpeed lists one tensor per parameter partition, zerorun one per bucket chunk). Empty before
+  engine's device, once the accumulation boundary's backward has reduced them and until the step:
+  one tensor per parameter that has elements in this rank's chunk of its bucket (views of the sums,
+  without the padding; DeepSpeed's partitions are per parameter, zerorun's per bucket). Empty before
   that, after the step, and always under ``offload_optimizer``: there, as in DeepSpeed, the sums live in
   host memory (``optimizer.accumulated_grads_in_cpu``).
 
@@ -25,6 +26,7 @@ from typing import overload
 
 import torch
 
+from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.views import Shards
 
 
@@ -98,8 +100,8 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
         if home is not None or sync.armed or not sync.window_passes or not sync.sync:
             return {}  # offloaded, mid-pass, nothing since the step, or the last pass kept its gradients local
         out: dict[int, list[torch.Tensor]] = {}
-        for bucket, grad in zip(parts.buckets, sync.owned_grads(), strict=True):
-            out.setdefault(bucket.plan.group_index, []).append(grad)
+        for bucket, chunk in zip(parts.buckets, sync.owned_grads(), strict=True):
+            out.setdefault(bucket.plan.group_index, []).extend(_pieces(bucket, chunk))
         return out
 
     def __getitem__(self, group: int) -> list[torch.Tensor]:
@@ -110,6 +112,18 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._live())
+
+
+def _pieces(bucket: FlatBucket, chunk: torch.Tensor) -> list[torch.Tensor]:
+    """The part of each parameter that falls in this rank's ``chunk`` of ``bucket`` (views, layout order): no
+    padding, as DeepSpeed's list has one tensor per parameter partition."""
+    lo, hi = bucket.shard_offset, bucket.shard_offset + bucket.shard_numel
+    out = []
+    for slot in bucket.plan.slots:
+        a, b = max(slot.offset, lo), min(slot.offset + slot.numel, hi)
+        if a < b:
+            out.append(chunk[a - lo:b - lo])
+    return out
 
 
 def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards, sharded_params: bool) -> None:
