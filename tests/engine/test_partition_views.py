@@ -177,6 +177,12 @@ def _stage3(rank: int, world: int) -> dict[str, Any]:
     out["keys"] = list(opt.averaged_gradients)
     engine.step()
     out["empty after the step"] = len(opt.averaged_gradients) == 0
+    # DeepSpeed's sub-groups are zerorun's buckets: masters and parameters under stage 3's names
+    subgroups = list(zip(opt.fp16_groups, opt.fp32_partitioned_groups_flat, strict=True))
+    out["sub-groups"] = (len(subgroups) == len(engine.parts.buckets)
+                         and sorted(id(p) for ps, _ in subgroups for p in ps) == sorted(
+                             id(p) for p in engine.module.parameters())
+                         and all(opt.optimizer.state[m]["step"] == 1 for _, m in subgroups))
     engine.destroy()
     return out
 
@@ -216,3 +222,31 @@ def test_stage3_gradient_sums_are_one_flat_buffer(offload: bool) -> None:
         assert out["views"]
         assert out["norm"] == pytest.approx(_reference_grad_norm([0], 1), rel=1e-5)
         assert out["devices"] == {s: {torch.device("cpu")} for s in out["devices"]}
+
+
+class _Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.param = nn.Parameter(torch.arange(37, dtype=torch.float32))  # odd: the last chunk is padded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.param
+
+
+def _unpadded(rank: int, world: int) -> list[tuple[int, float, float]]:
+    engine, opt, *_ = zerorun.initialize(model=_Scale(), config=_config(3))
+    out = []
+    for it in range(2):  # d(sum(x * p))/dp = x = 1, summed over the passes, averaged over the ranks
+        engine.backward(engine(torch.ones(37)).sum())
+        (piece,) = opt.averaged_gradients[0]
+        out.append((piece.numel(), piece.min().item() / (it + 1), piece.max().item() / (it + 1)))
+    engine.destroy()
+    return out
+
+
+def test_averaged_gradients_leave_the_padding_out() -> None:
+    """One tensor per parameter partition, as DeepSpeed's: a rank's piece holds only the parameter's elements."""
+    per_rank = run_distributed(_unpadded, WORLD, timeout=240)
+    for it in range(2):
+        assert sum(r[it][0] for r in per_rank) == 37
+        assert all(r[it][1:] == (1.0, 1.0) for r in per_rank), per_rank

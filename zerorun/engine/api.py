@@ -284,6 +284,7 @@ def _deepspeed_attributes(engine: Engine) -> None:
     zero_optimizer.expose(opt, stage.shard_optimizer, engine.precision.scaler.dynamic)
     if stage.shard_optimizer:
         partition_views.expose_gradients(opt, engine)
+        partition_views.expose_partitions(opt, engine, parts.coordinator is not None)
     if not hasattr(opt, "overflow"):
         opt.overflow = False  # type: ignore[attr-defined]  # accelerate checks for it once, at prepare
     if parts.coordinator is not None:  # sharded parameters: TRL's generation helper takes the hooks off
@@ -294,7 +295,6 @@ def _deepspeed_attributes(engine: Engine) -> None:
             opt.grad_partitions_flat_buffer = flat  # type: ignore[attr-defined]
     elif stage.shard_optimizer:  # ZeRO-1/2: the parameters are views of flat buffers, DeepSpeed's bit16_groups_flat
         flat_groups.expose(opt, parts.buckets)
-        partition_views.expose_partitions(opt, engine)
         accum = getattr(parts.grad_sync, "accum", None)  # the sharded reducer's sums (stage 2; 1 with offload)
         if isinstance(accum, ShardAccumulator) and accum.home is not None:  # optimizer offload
             opt.accumulated_grads_in_cpu = HostGradSums(accum, engine)  # type: ignore[attr-defined]

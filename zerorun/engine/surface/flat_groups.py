@@ -26,7 +26,7 @@ from typing import overload
 
 import torch
 
-from zerorun.engine.mechanism.buckets import FlatBucket
+from zerorun.engine.mechanism.buckets import ALIGN_BYTES, FlatBucket
 
 LOGGER_NAME = "DeepSpeed"
 """The name of DeepSpeed's logger (``deepspeed.utils.logger``; zerorun.compat.utils gives it DeepSpeed's handler)."""
@@ -64,9 +64,44 @@ class FlatGroups(Sequence[torch.Tensor]):
         return f"FlatGroups([{shapes}])"
 
 
+class RankPartitions(Sequence[list[torch.Tensor]]):
+    """``parallel_partitioned_bit16_groups``: per bucket, every rank's chunk of its flat buffer (views, rank order)."""
+
+    def __init__(self, groups: FlatGroups) -> None:
+        self._groups = groups
+
+    def _live(self) -> list[list[torch.Tensor]]:
+        out = []
+        for ref in self._groups._buckets:
+            b = ref()
+            if b is not None:
+                out.append(list(b.data.chunk(b.world_size)))
+        return out
+
+    @overload
+    def __getitem__(self, index: int) -> list[torch.Tensor]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[list[torch.Tensor]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[torch.Tensor] | list[list[torch.Tensor]]:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        return iter(self._live())
+
+
 def expose(optimizer: torch.optim.Optimizer, buckets: list[FlatBucket]) -> None:
-    """Set ``optimizer.bit16_groups_flat`` over ``buckets`` and log the flatten line once per parameter group."""
-    optimizer.bit16_groups_flat = FlatGroups(buckets)  # type: ignore[attr-defined]
+    """Set ``optimizer.bit16_groups_flat`` (and each rank's chunks of it, ``parallel_partitioned_bit16_groups``, with
+    their alignment in 16-bit elements, ``nccl_start_alignment_factor``) over ``buckets``, and log the flatten line
+    once per parameter group."""
+    optimizer.bit16_groups_flat = groups = FlatGroups(buckets)  # type: ignore[attr-defined]
+    optimizer.parallel_partitioned_bit16_groups = RankPartitions(groups)  # type: ignore[attr-defined]
+    # DeepSpeed's factor is in 16-bit elements (2: 4-byte starts); zerorun starts every chunk at ALIGN_BYTES
+    optimizer.nccl_start_alignment_factor = ALIGN_BYTES // 2  # type: ignore[attr-defined]
     by_group: dict[int, list[FlatBucket]] = {}
     for b in buckets:
         by_group.setdefault(b.plan.group_index, []).append(b)

@@ -8,8 +8,9 @@ RLHF frameworks and DeepSpeed's own tests read these two between ``backward`` an
   ``reduce_bucket_size``). Each item is the master itself, the tensor ``optimizer.state`` is keyed by,
   so ``optimizer.state[p]["exp_avg"]`` works; writing into one writes the master.
 * ``averaged_gradients``: parameter group index -> this rank's reduced gradient partitions, on the
-  engine's device, once the accumulation boundary's backward has reduced them and until the step
-  (DeepSpeed lists one tensor per parameter partition, zerorun one per bucket chunk). Empty before
+  engine's device, once the accumulation boundary's backward has reduced them and until the step:
+  one tensor per parameter that has elements in this rank's chunk of its bucket (views of the sums,
+  without the padding; DeepSpeed's partitions are per parameter, zerorun's per bucket). Empty before
   that, after the step, and always under ``offload_optimizer``: there, as in DeepSpeed, the sums live in
   host memory (``optimizer.accumulated_grads_in_cpu``).
 
@@ -25,6 +26,7 @@ from typing import overload
 
 import torch
 
+from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.views import Shards
 
 
@@ -60,6 +62,31 @@ class FP32Partitions(Sequence[torch.Tensor]):
         return iter(self._live())
 
 
+class SubGroupParams(Sequence[list[torch.Tensor]]):
+    """Stage 3's ``fp16_groups``: the trainable parameters of each bucket (DeepSpeed's sub-group), in layout order."""
+
+    def __init__(self, engine: Shards) -> None:
+        self._engine = weakref.ref(engine)
+
+    def _live(self) -> list[list[torch.Tensor]]:
+        return [list(b.params) for b in _engine(self._engine).parts.buckets]
+
+    @overload
+    def __getitem__(self, index: int) -> list[torch.Tensor]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[list[torch.Tensor]]: ...
+
+    def __getitem__(self, index: int | slice) -> list[torch.Tensor] | list[list[torch.Tensor]]:
+        return self._live()[index]
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        return iter(self._live())
+
+
 class AveragedGradients(Mapping[int, list[torch.Tensor]]):
     """Group index -> the reduced gradient chunks of its buckets, held between the boundary backward and the step."""
 
@@ -73,8 +100,8 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
         if home is not None or sync.armed or not sync.window_passes or not sync.sync:
             return {}  # offloaded, mid-pass, nothing since the step, or the last pass kept its gradients local
         out: dict[int, list[torch.Tensor]] = {}
-        for bucket, grad in zip(parts.buckets, sync.owned_grads(), strict=True):
-            out.setdefault(bucket.plan.group_index, []).append(grad)
+        for bucket, chunk in zip(parts.buckets, sync.owned_grads(), strict=True):
+            out.setdefault(bucket.plan.group_index, []).extend(_pieces(bucket, chunk))
         return out
 
     def __getitem__(self, group: int) -> list[torch.Tensor]:
@@ -87,10 +114,27 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
         return iter(self._live())
 
 
-def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
-    """ZeRO-1/2: ``optimizer.single_partition_of_fp32_groups`` over ``engine``'s masters (stage 3's optimizer
-    names its masters otherwise in DeepSpeed)."""
-    optimizer.single_partition_of_fp32_groups = FP32Partitions(engine)  # type: ignore[attr-defined]
+def _pieces(bucket: FlatBucket, chunk: torch.Tensor) -> list[torch.Tensor]:
+    """The part of each parameter that falls in this rank's ``chunk`` of ``bucket`` (views, layout order): no
+    padding, as DeepSpeed's list has one tensor per parameter partition."""
+    lo, hi = bucket.shard_offset, bucket.shard_offset + bucket.shard_numel
+    out = []
+    for slot in bucket.plan.slots:
+        a, b = max(slot.offset, lo), min(slot.offset + slot.numel, hi)
+        if a < b:
+            out.append(chunk[a - lo:b - lo])
+    return out
+
+
+def expose_partitions(optimizer: torch.optim.Optimizer, engine: Shards, sharded_params: bool) -> None:
+    """The masters under DeepSpeed's names: ZeRO-1/2's ``single_partition_of_fp32_groups``; stage 3's
+    ``fp32_partitioned_groups_flat``, one per sub-group (zerorun's buckets), with ``fp16_groups``, each
+    sub-group's parameters."""
+    if not sharded_params:
+        optimizer.single_partition_of_fp32_groups = FP32Partitions(engine)  # type: ignore[attr-defined]
+        return
+    optimizer.fp32_partitioned_groups_flat = FP32Partitions(engine)  # type: ignore[attr-defined]
+    optimizer.fp16_groups = SubGroupParams(engine)  # type: ignore[attr-defined]
 
 
 def expose_gradients(optimizer: torch.optim.Optimizer, engine: Shards) -> None:
