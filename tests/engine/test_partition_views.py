@@ -93,7 +93,7 @@ def _views(rank: int, world: int, stage: int) -> dict[str, Any]:
     out["partitions hold the parameters"] = (_global_norm(list(parts)),
                                              torch.cat([p.flatten() for p in engine.module.parameters()]).norm().item())
     base = opt.optimizer
-    out["base optimizer"] = (isinstance(base, torch.optim.Adam) and base.state is opt.state
+    out["base optimizer"] = (isinstance(base, type(opt)) and base.state is opt.state
                              and base.param_groups is opt.param_groups and not hasattr(base, "optimizer"))
     sd = base.state_dict()
     base.load_state_dict(sd)

@@ -41,6 +41,7 @@ OWNERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("offload (host)", ("param_offload",)),
     ("offload (host)", ("home",)),
     ("gradient sums", ("accum",)),
+    ("gradient sums", ("grad_partitions_flat_buffer",)),  # the same buffer under DeepSpeed's name
     ("staging pool", ("grad_sync", "free")),
     ("staging pool", ("grad_sync", "staging")),
     ("staging pool", ("grad_sync", "inflight")),
