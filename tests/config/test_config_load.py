@@ -99,6 +99,17 @@ def test_dict_source_is_not_mutated() -> None:
 
 
 
+def test_enum_members_in_a_dict_config_read_as_their_values() -> None:
+    """DeepSpeed's tests and scripts write ``{"device": OffloadDeviceEnum.cpu}``; its config models read the value."""
+    from zerorun.compat.offload_config import OffloadDeviceEnum
+
+    source = {"train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": OffloadDeviceEnum.cpu}}}
+    cfg = load_config(source, world_size=1)
+    assert cfg.zero_optimization.offload_optimizer.device == "cpu"
+    assert source["zero_optimization"]["offload_optimizer"]["device"] is OffloadDeviceEnum.cpu  # not mutated
+
+
 def test_dotted_top_level_keys_are_ignored_with_a_warning() -> None:
     """TRL's prepare_deepspeed writes literal dotted keys; DeepSpeed ignores them, and so does zerorun."""
     from zerorun.config import load_config

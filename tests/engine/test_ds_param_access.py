@@ -170,3 +170,24 @@ def test_set_train_batch_size_changes_accumulation_and_empty_partition_cache_rel
         assert got["live_before_empty"], "nothing was gathered: the case would not test the release"
         for g, want in zip(got["params"], ref["params"][0], strict=True):
             torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+def test_local_accessors_give_none_for_a_frozen_parameter(world_of_one: None) -> None:
+    """DeepSpeed's local getters give None for a frozen parameter of the engine's model and its setters do
+    nothing (its tensor-fragment tests freeze the first layer); a parameter of no engine's model is an error."""
+    import pytest
+
+    from zerorun.engine.errors import EngineError
+
+    model = _model()
+    model[0].requires_grad_(False)
+    engine, *_ = zerorun.initialize(model=model, config=_config(3))
+    frozen, trained = model[0].weight, model[2].weight
+    assert ds_utils.safe_get_local_fp32_param(frozen) is None
+    assert ds_utils.safe_get_local_optimizer_state(frozen, "exp_avg") is None
+    assert ds_utils.safe_get_local_grad(frozen) is None
+    ds_utils.safe_set_local_fp32_param(frozen, torch.zeros(1))  # nothing to set
+    assert ds_utils.safe_get_local_fp32_param(trained) is not None
+    with pytest.raises(EngineError, match="not trained by an engine"):
+        ds_utils.safe_get_local_fp32_param(nn.Parameter(torch.ones(2)))
+    engine.destroy()

@@ -131,9 +131,11 @@ def safe_update_full_grad_vectorized(param_list: list[torch.Tensor], update_func
             safe_set_full_grad(p, update_func(grad, p))
 
 
-def _local_engine(param: torch.Tensor, api: str) -> Any:
+def _local_engine(param: torch.Tensor, api: str) -> Any | None:
+    """The engine training ``param``; None for a frozen parameter of an engine's model (DeepSpeed's local
+    getters give None for one, its setters do nothing); a parameter of no engine's model is an error."""
     engine = _engine(param)
-    if engine is None:
+    if engine is None and not (getattr(param, "ds_id", None) is not None and not param.requires_grad):
         from zerorun.engine.errors import EngineError
 
         raise EngineError(f"deepspeed.utils.{api}: the parameter is not trained by an engine",
@@ -143,28 +145,38 @@ def _local_engine(param: torch.Tensor, api: str) -> Any:
 
 # The local forms: this rank's fragment of the parameter, 1-D (zerorun shards whole buckets, so the
 # fragment is the part of the parameter inside this rank's chunk; it may be empty).
+def _get_local(param: torch.Tensor, what: str, api: str) -> torch.Tensor | None:
+    engine = _local_engine(param, api)
+    return None if engine is None else fragments.local(engine, param, what)
+
+
+def _set_local(param: torch.Tensor, value: torch.Tensor, what: str, api: str) -> None:
+    if (engine := _local_engine(param, api)) is not None:
+        fragments.set_local(engine, param, value, what)
+
+
 def safe_get_local_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
-    return fragments.local(_local_engine(param, "safe_get_local_fp32_param"), param, "fp32")
+    return _get_local(param, "fp32", "safe_get_local_fp32_param")
 
 
 def safe_get_local_grad(param: torch.Tensor) -> torch.Tensor | None:
-    return fragments.local(_local_engine(param, "safe_get_local_grad"), param, "grad")
+    return _get_local(param, "grad", "safe_get_local_grad")
 
 
 def safe_get_local_optimizer_state(param: torch.Tensor, optim_state_key: str) -> torch.Tensor | None:
-    return fragments.local(_local_engine(param, "safe_get_local_optimizer_state"), param, optim_state_key)
+    return _get_local(param, optim_state_key, "safe_get_local_optimizer_state")
 
 
 def safe_set_local_fp32_param(param: torch.Tensor, value: torch.Tensor) -> None:
-    fragments.set_local(_local_engine(param, "safe_set_local_fp32_param"), param, value, "fp32")
+    _set_local(param, value, "fp32", "safe_set_local_fp32_param")
 
 
 def safe_set_local_grad(param: torch.Tensor, value: torch.Tensor) -> None:
-    fragments.set_local(_local_engine(param, "safe_set_local_grad"), param, value, "grad")
+    _set_local(param, value, "grad", "safe_set_local_grad")
 
 
 def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, optim_state_key: str) -> None:
-    fragments.set_local(_local_engine(param, "safe_set_local_optimizer_state"), param, value, optim_state_key)
+    _set_local(param, value, optim_state_key, "safe_set_local_optimizer_state")
 
 
 __all__ = ["RepeatingLoader", "get_log_level_from_string", "get_z3_leaf_modules", "log_dist", "logger",

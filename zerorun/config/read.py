@@ -10,6 +10,7 @@ except that ``5e8`` (no dot) is read as the number DeepSpeed users mean, not a s
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import os
 import re
@@ -131,7 +132,7 @@ def read_source(source: str | os.PathLike[str] | dict[str, Any] | None) -> tuple
     if source is None:
         return {}, "<defaults>"
     if isinstance(source, dict):
-        data, origin = copy.deepcopy(source), DICT_ORIGIN
+        data, origin = _plain_values(copy.deepcopy(source)), DICT_ORIGIN
     elif isinstance(source, (str, os.PathLike)):  # any path object (pathlib, py.path, ...)
         data, origin = _read_file(Path(source)), os.fspath(source)
     else:
@@ -150,6 +151,18 @@ def read_source(source: str | os.PathLike[str] | dict[str, Any] | None) -> tuple
         problem = Problem("", f"keys must be strings, got {bad_keys[0]!r}")
         raise ConfigError(origin, [problem], hint="quote the key in the file")
     return data, origin
+
+
+def _plain_values(data: Any) -> Any:
+    """A dict config with enum members as values (``{"device": OffloadDeviceEnum.cpu}``, as DeepSpeed's own
+    enums are written in Python) holds their values instead, as DeepSpeed's config models read them."""
+    if isinstance(data, dict):
+        return {k: _plain_values(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_plain_values(v) for v in data]
+    if isinstance(data, enum.Enum) and isinstance(data.value, (str, int, float, bool)):
+        return data.value
+    return data
 
 
 def _all_keys(data: dict[Any, Any]) -> list[Any]:
