@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import overload
 
 import torch
 
 from zerorun.engine.mechanism.buckets import ALIGN_BYTES, FlatBucket
+from zerorun.engine.surface.live_views import LiveSequence
 
 LOGGER_NAME = "DeepSpeed"
 """The name of DeepSpeed's logger (``deepspeed.utils.logger``; zerorun.compat.utils gives it DeepSpeed's handler)."""
 
 
-class FlatGroups(Sequence[torch.Tensor]):
+class FlatGroups(LiveSequence[torch.Tensor]):
     """The flat parameter buffer of every bucket, in layout order, read from the buckets at each access.
 
     Each item is the bucket's buffer itself (no copy, never part of an autograd graph: ``grad_fn`` is None),
@@ -44,27 +43,12 @@ class FlatGroups(Sequence[torch.Tensor]):
     def _live(self) -> list[torch.Tensor]:
         return [b.data for b in (ref() for ref in self._buckets) if b is not None]
 
-    @overload
-    def __getitem__(self, index: int) -> torch.Tensor: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
-
-    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
-        return self._live()[index]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(self._live())
-
     def __repr__(self) -> str:
         shapes = ", ".join(f"{t.numel()} x {t.dtype} on {t.device}" for t in self._live())
         return f"FlatGroups([{shapes}])"
 
 
-class RankPartitions(Sequence[list[torch.Tensor]]):
+class RankPartitions(LiveSequence[list[torch.Tensor]]):
     """``parallel_partitioned_bit16_groups``: per bucket, every rank's chunk of its flat buffer (views, rank order)."""
 
     def __init__(self, groups: FlatGroups) -> None:
@@ -77,21 +61,6 @@ class RankPartitions(Sequence[list[torch.Tensor]]):
             if b is not None:
                 out.append(list(b.data.chunk(b.world_size)))
         return out
-
-    @overload
-    def __getitem__(self, index: int) -> list[torch.Tensor]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[list[torch.Tensor]]: ...
-
-    def __getitem__(self, index: int | slice) -> list[torch.Tensor] | list[list[torch.Tensor]]:
-        return self._live()[index]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[list[torch.Tensor]]:
-        return iter(self._live())
 
 
 def expose(optimizer: torch.optim.Optimizer, buckets: list[FlatBucket]) -> None:

@@ -12,15 +12,15 @@ micro-step per step, as DeepSpeed's, and for a bucket that has received nothing 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Mapping
 
 import torch
 
 from zerorun.engine.mechanism.accumulator import ShardAccumulator
+from zerorun.engine.surface.live_views import LiveMapping
 from zerorun.engine.views import BatchFacts
 
 
-class HostGradSums(Mapping[int, torch.Tensor]):
+class HostGradSums(LiveMapping[int, torch.Tensor]):
     """Bucket index -> this window's host gradient sum, for the buckets whose sums live in host memory."""
 
     def __init__(self, accum: ShardAccumulator, engine: BatchFacts) -> None:
@@ -34,11 +34,3 @@ class HostGradSums(Mapping[int, torch.Tensor]):
         home = accum.home
         return {i: accum.get(i) for i in range(len(accum.buckets)) if home.hosts(i) and accum.holds(i)}
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self._live()[index]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._live())

@@ -21,12 +21,11 @@ Both are read from the engine at each access, held weakly (the engine owns them)
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from typing import overload
 
 import torch
 
 from zerorun.engine.mechanism.buckets import FlatBucket
+from zerorun.engine.surface.live_views import LiveMapping, LiveSequence
 from zerorun.engine.views import Shards
 
 
@@ -37,7 +36,7 @@ def _engine(ref: weakref.ReferenceType[Shards]) -> Shards:
     return engine
 
 
-class FP32Partitions(Sequence[torch.Tensor]):
+class FP32Partitions(LiveSequence[torch.Tensor]):
     """The fp32 master partition of every bucket, in layout order (the optimizer's own parameters)."""
 
     def __init__(self, engine: Shards) -> None:
@@ -46,23 +45,8 @@ class FP32Partitions(Sequence[torch.Tensor]):
     def _live(self) -> list[torch.Tensor]:
         return list(_engine(self._engine).parts.masters.masters)
 
-    @overload
-    def __getitem__(self, index: int) -> torch.Tensor: ...
 
-    @overload
-    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
-
-    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
-        return self._live()[index]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(self._live())
-
-
-class SubGroupParams(Sequence[list[torch.Tensor]]):
+class SubGroupParams(LiveSequence[list[torch.Tensor]]):
     """Stage 3's ``fp16_groups``: the trainable parameters of each bucket (DeepSpeed's sub-group), in layout order."""
 
     def __init__(self, engine: Shards) -> None:
@@ -71,23 +55,8 @@ class SubGroupParams(Sequence[list[torch.Tensor]]):
     def _live(self) -> list[list[torch.Tensor]]:
         return [list(b.params) for b in _engine(self._engine).parts.buckets]
 
-    @overload
-    def __getitem__(self, index: int) -> list[torch.Tensor]: ...
 
-    @overload
-    def __getitem__(self, index: slice) -> list[list[torch.Tensor]]: ...
-
-    def __getitem__(self, index: int | slice) -> list[torch.Tensor] | list[list[torch.Tensor]]:
-        return self._live()[index]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[list[torch.Tensor]]:
-        return iter(self._live())
-
-
-class AveragedGradients(Mapping[int, list[torch.Tensor]]):
+class AveragedGradients(LiveMapping[int, list[torch.Tensor]]):
     """Group index -> the reduced gradient chunks of its buckets, held between the boundary backward and the step."""
 
     def __init__(self, engine: Shards) -> None:
@@ -104,14 +73,6 @@ class AveragedGradients(Mapping[int, list[torch.Tensor]]):
             out.setdefault(bucket.plan.group_index, []).extend(_pieces(bucket, chunk))
         return out
 
-    def __getitem__(self, group: int) -> list[torch.Tensor]:
-        return self._live()[group]
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._live())
 
 
 def _pieces(bucket: FlatBucket, chunk: torch.Tensor) -> list[torch.Tensor]:
