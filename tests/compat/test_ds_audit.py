@@ -44,6 +44,8 @@ AUDIT: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
                                                      "zero_wrapper_for_fp_tensor_constructor", "get_accelerator"),
      "works", (T, R)),
     ("deepspeed.runtime.zero.offload_config", ("OffloadDeviceEnum", "OffloadStateTypeEnum"), "works", (X,)),
+    ("deepspeed.runtime.zero.offload_states", ("get_state_devices",), "works", (D,)),
+    ("deepspeed.runtime.swap_tensor", ("MIN_SWAPPABLE_BYTES", "MIN_AIO_BYTES", "AIO_ALIGNED_BYTES"), "works", (D,)),
     ("deepspeed.runtime.engine", ("DeepSpeedEngine",), "works", (R,)),
     ("deepspeed.runtime.config", ("DeepSpeedConfig", "DeepSpeedConfigError", "ADAM_OPTIMIZER", "LAMB_OPTIMIZER",
                                   "DEEPSPEED_OPTIMIZERS", "get_gradient_clipping"), "works", (X, D)),
@@ -125,6 +127,11 @@ ELSEWHERE = [
     ("engine", "`optimizer.parameter_offload`, `optimizer.overflow`, an engine without optimizer, dotted config "
                "keys", "TRL, accelerate",
      "works (tests/engine/test_engine_hf_surface.py, tests/config/test_config_load.py, tests/scripts/test_ds_scripts_trl.py)"),
+    ("optimizer", "DeepSpeed's ZeRO buffers over zerorun's state: `single_partition_of_fp32_groups`, "
+                  "`averaged_gradients`, `grad_partitions_flat_buffer`, `fp32_partitioned_groups_flat`, `fp16_groups`, "
+                  "`parallel_partitioned_bit16_groups`, `bit16_groups_flat`, `accumulated_grads_in_cpu`, `optimizer`; "
+                  "engine `allreduce_gradients()`", "DeepSpeed's tests, RLHF code",
+     "works (tests/engine/test_partition_views.py, tests/engine/test_flat_groups.py, tests/engine/test_host_grad_sums.py)"),
     ("engine", "`compile(backend=, compile_kwargs=)`, `is_compiled`, the config's `compile` block "
                "(`enabled`, `backend`, `kwargs`)", "accelerate (HF Trainer `torch_compile=True`)",
      "works; stage 3 compiles each repeated block, the root stays eager; `deepcompile: true` refused "
