@@ -12,7 +12,6 @@ cannot be an instance of DeepSpeed's class; the compatibility layer's ``ZeROOpti
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
@@ -53,12 +52,12 @@ class BaseOptimizer:
     def __class__(self) -> type:  # isinstance(view, torch.optim.Adam) as for the optimizer itself
         return type(self._target)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name == "optimizer":
             raise AttributeError(f"{type(self._target).__name__} is the base optimizer: it wraps none")
         return getattr(self._target, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         setattr(self._target, name, value)
 
     def __repr__(self) -> str:
