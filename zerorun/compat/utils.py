@@ -135,7 +135,8 @@ def _local_engine(param: torch.Tensor, api: str) -> Any | None:
     """The engine training ``param``; None for a frozen parameter of an engine's model (DeepSpeed's local
     getters give None for one, its setters do nothing); a parameter of no engine's model is an error."""
     engine = _engine(param)
-    if engine is None and not (getattr(param, "ds_id", None) is not None and not param.requires_grad):
+    frozen_in_a_model = getattr(param, "ds_id", None) is not None and not param.requires_grad
+    if engine is None and not frozen_in_a_model:
         from zerorun.engine.errors import EngineError
 
         raise EngineError(f"deepspeed.utils.{api}: the parameter is not trained by an engine",

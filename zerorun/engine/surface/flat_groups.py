@@ -40,8 +40,12 @@ class FlatGroups(LiveSequence[torch.Tensor]):
     def __init__(self, buckets: list[FlatBucket]) -> None:
         self._buckets = [weakref.ref(b) for b in buckets]
 
+    def buckets(self) -> list[FlatBucket]:
+        """The buckets still alive, in layout order."""
+        return [b for b in (ref() for ref in self._buckets) if b is not None]
+
     def _live(self) -> list[torch.Tensor]:
-        return [b.data for b in (ref() for ref in self._buckets) if b is not None]
+        return [b.data for b in self.buckets()]
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{t.numel()} x {t.dtype} on {t.device}" for t in self._live())
@@ -55,12 +59,7 @@ class RankPartitions(LiveSequence[list[torch.Tensor]]):
         self._groups = groups
 
     def _live(self) -> list[list[torch.Tensor]]:
-        out = []
-        for ref in self._groups._buckets:
-            b = ref()
-            if b is not None:
-                out.append(list(b.data.chunk(b.world_size)))
-        return out
+        return [list(b.data.chunk(b.world_size)) for b in self._groups.buckets()]
 
 
 def expose(optimizer: torch.optim.Optimizer, buckets: list[FlatBucket]) -> None:

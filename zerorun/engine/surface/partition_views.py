@@ -29,41 +29,40 @@ from zerorun.engine.surface.live_views import LiveMapping, LiveSequence
 from zerorun.engine.views import Shards
 
 
-def _engine(ref: weakref.ReferenceType[Shards]) -> Shards:
-    engine = ref()
-    if engine is None:
-        raise RuntimeError("the engine of this optimizer is gone")
-    return engine
+class _OverEngine:
+    """Holds the engine weakly (the engine owns what the views read)."""
+
+    def __init__(self, engine: Shards) -> None:
+        self._ref = weakref.ref(engine)
+
+    @property
+    def _engine(self) -> Shards:
+        engine = self._ref()
+        if engine is None:
+            raise RuntimeError("the engine of this optimizer is gone")
+        return engine
 
 
-class FP32Partitions(LiveSequence[torch.Tensor]):
+class FP32Partitions(_OverEngine, LiveSequence[torch.Tensor]):
     """The fp32 master partition of every bucket, in layout order (the optimizer's own parameters)."""
 
-    def __init__(self, engine: Shards) -> None:
-        self._engine = weakref.ref(engine)
-
     def _live(self) -> list[torch.Tensor]:
-        return list(_engine(self._engine).parts.masters.masters)
+        return list(self._engine.parts.masters.masters)
 
 
-class SubGroupParams(LiveSequence[list[torch.Tensor]]):
+class SubGroupParams(_OverEngine, LiveSequence[list[torch.Tensor]]):
     """Stage 3's ``fp16_groups``: the trainable parameters of each bucket (DeepSpeed's sub-group), in layout order."""
 
-    def __init__(self, engine: Shards) -> None:
-        self._engine = weakref.ref(engine)
-
     def _live(self) -> list[list[torch.Tensor]]:
-        return [list(b.params) for b in _engine(self._engine).parts.buckets]
+        return [list(b.params) for b in self._engine.parts.buckets]
 
 
-class AveragedGradients(LiveMapping[int, list[torch.Tensor]]):
-    """Group index -> the reduced gradient chunks of its buckets, held between the boundary backward and the step."""
-
-    def __init__(self, engine: Shards) -> None:
-        self._engine = weakref.ref(engine)
+class AveragedGradients(_OverEngine, LiveMapping[int, list[torch.Tensor]]):
+    """Group index -> this rank's piece of each of its parameters' reduced gradients, held between the boundary
+    backward and the step."""
 
     def _live(self) -> dict[int, list[torch.Tensor]]:
-        parts = _engine(self._engine).parts
+        parts = self._engine.parts
         sync = parts.grad_sync
         home = getattr(getattr(sync, "accum", None), "home", None)
         if home is not None or sync.armed or not sync.window_passes or not sync.sync:
@@ -72,7 +71,6 @@ class AveragedGradients(LiveMapping[int, list[torch.Tensor]]):
         for bucket, chunk in zip(parts.buckets, sync.owned_grads(), strict=True):
             out.setdefault(bucket.plan.group_index, []).extend(_pieces(bucket, chunk))
         return out
-
 
 
 def _pieces(bucket: FlatBucket, chunk: torch.Tensor) -> list[torch.Tensor]:
