@@ -13,14 +13,11 @@ finalizes with its main thread alone. The checker is tested on its own with torc
 
 from __future__ import annotations
 
-import _thread
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -79,29 +76,40 @@ def test_the_checker_reports_an_abort_after_the_last_step_a_hang_and_a_cpp_abort
         os.kill(hung["pid"], 0)
 
 
-def test_quiesce_waits_for_a_thread_inside_a_gil_acquisition(world_of_one: None, tmp_path: Path) -> None:
+_QUIESCE_PROBE = """
+import _thread, sys, threading, time
+import torch
+import torch.distributed as dist
+from zerorun.engine import teardown
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+deadline = time.monotonic() + 5
+while not teardown.backend_threads() and time.monotonic() < deadline:  # the workers name themselves
+    time.sleep(0.01)
+assert teardown.backend_threads() and teardown.quiesce(limit_s=5.0), teardown.backend_threads()
+release = threading.Event()
+_thread.start_new_thread(release.wait, ())  # a thread state threading does not know, as a C++ thread's
+while teardown.foreign_thread_states() == 0 and time.monotonic() < deadline:
+    time.sleep(0.001)
+assert teardown.foreign_thread_states() == 1
+assert not teardown.quiesce(limit_s=0.2)
+threading.Timer(0.3, release.set).start()
+start = time.monotonic()
+assert teardown.quiesce(limit_s=5.0) and time.monotonic() - start >= 0.25
+dist.destroy_process_group()
+print("quiesce probe ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_quiesce_waits_for_a_thread_inside_a_gil_acquisition(tmp_path: Path) -> None:
     """The exit path's wait before it frees a group: a thread state of no Python thread (a gloo worker
-    waiting for the GIL to free its last work) keeps it waiting, since freeing the group joins that worker."""
-    import torch
-    import torch.distributed as dist
-
-    from zerorun.engine import teardown
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    dist.all_reduce(torch.ones(2))
-    deadline = time.monotonic() + 5
-    while not teardown.backend_threads() and time.monotonic() < deadline:  # the workers name themselves
-        time.sleep(0.01)
-    assert teardown.backend_threads() and teardown.quiesce(limit_s=5.0)
-    release = threading.Event()
-    _thread.start_new_thread(release.wait, ())  # a thread state threading does not know, as a C++ thread's
-    while teardown.foreign_thread_states() == 0 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert teardown.foreign_thread_states() == 1
-    assert not teardown.quiesce(limit_s=0.2)
-    threading.Timer(0.3, release.set).start()
-    start = time.monotonic()
-    assert teardown.quiesce(limit_s=5.0) and time.monotonic() - start >= 0.25
+    waiting for the GIL to free its last work) keeps it waiting, since freeing the group joins that worker.
+    In a process of its own: a test runner's process has foreign thread states and other groups' workers."""
+    proc = subprocess.run([sys.executable, "-c", _QUIESCE_PROBE, str(tmp_path / "rdzv")], capture_output=True,
+                          text=True, timeout=100, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0 and "quiesce probe ok" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def test_the_exit_path_waits_for_the_workers_before_it_frees_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
