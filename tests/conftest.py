@@ -35,6 +35,20 @@ def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+# The longest tests (real training scripts, a clean install, the exit stress rounds, the dry GPU checks:
+# tens of seconds each) start first, so that the test workers end the run on short ones together rather
+# than one worker finishing a long test alone (the order within each group is kept).
+LONG_FIRST = ("tests/scripts/", "tests/engine/test_engine_exit.py", "tests/autotune/test_autotune_e2e.py",
+              "tests/first_hour/test_install.py", "tests/bench/", "tests/launcher/test_launcher_elastic.py",
+              "tests/launcher/test_launcher_stall.py", "tests/compat/test_ds_command.py",
+              "tests/simulate/test_simulate.py", "tests/engine/test_engine_compile.py",
+              "tests/launcher/test_launcher_restart.py", "tests/engine/checkpoint/test_convert_memory.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "netns: needs Linux network namespaces (root, iproute2, sshd); skips with the reason")
 
