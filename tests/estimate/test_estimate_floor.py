@@ -153,7 +153,7 @@ def test_measure_counts_the_lane_only_when_the_run_used_it() -> None:
     with_lane, physical, notes = compare({**_facts(2, host), "shared_memory_lane": True})
     assert "transport" not in [r.term for r in without]
     transport = next(r for r in with_lane if r.term == "transport")
-    assert transport.estimated == lane_bytes(4 * (UNIT // 2), 2) == 2 * (192 + 4 * 2 * MiB)  # 2 MiB slots
+    assert transport.estimated == lane_bytes(4 * (UNIT // 2), 2) == 2 * (192 + 4 * 1 * MiB)  # 1 MiB slots
     assert with_lane[-1].estimated == without[-1].estimated + transport.estimated == physical.estimated
     assert any(n.startswith("transport:") for n in notes)
 

@@ -30,7 +30,7 @@ from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.comm.groups import Groups
 from zerorun.engine.errors import EngineError
 from zerorun.engine.flat_setup import broadcast_frozen, move_the_rest, streamed_buckets, streamed_masters
-from zerorun.engine.mechanism import quantized_units
+from zerorun.engine.mechanism import grad_landing, quantized_units
 from zerorun.engine.mechanism.buckets import FlatBucket
 from zerorun.engine.mechanism.gather import GatherCoordinator, GatherPolicy, Unit
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
@@ -38,7 +38,7 @@ from zerorun.engine.mechanism.leaves import flag_leaves
 from zerorun.engine.mechanism.masters import PartitionedMasters
 from zerorun.engine.mechanism.partition import PartitionedBucket
 from zerorun.engine.mechanism.routes import GatherRoutes
-from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT
+from zerorun.engine.mechanism.sharded_grads import COALESCE_LIMIT, ShardedGradSync
 from zerorun.engine.mechanism.units import plan_units
 from zerorun.engine.numerics.compensated import Compensation
 from zerorun.engine.numerics.precision import PrecisionPolicy
@@ -62,7 +62,7 @@ class Parts:
     buckets: list[FlatBucket]  # FlatBucket, or PartitionedBucket when parameters are sharded: stepped by the optimizer
     masters: Masters  # MasterShards, or an offload wrapper with its interface
     grad_sync: GradSyncBase
-    hooks: list[RemovableHandle]
+    hooks: list[RemovableHandle | grad_landing.Landed]  # the gradient hooks, the landed Linears' forwards
     frozen: list[PartitionedBucket] = field(default_factory=list)  # sharded parameters the optimizer does not step
     coordinator: GatherCoordinator | None = None  # gathers and releases sharded parameters unit by unit
     units: list[Unit] = field(default_factory=list)
@@ -192,7 +192,9 @@ def build_parts(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistCo
         make_adam_state(optimizer)  # before training, not between the first step's temporaries
     if precision.compensation != "none":
         masters.set_compensation(Compensation(precision.compensation, coll.rank, ctx.device))
-    hooks = grad_hooks(layout.buckets, grad_sync)
+    hooks: list[RemovableHandle | grad_landing.Landed] = [*grad_hooks(layout.buckets, grad_sync)]
+    if isinstance(grad_sync, ShardedGradSync) and grad_landing.enabled(ctx.device):
+        hooks.append(grad_landing.install(module, grad_sync, {id(p) for b in layout.buckets for p in b.params}))
     if coordinator is not None:
         coordinator.attach(module, layout.modules)
     return Parts(layout.buckets, masters, grad_sync, hooks, layout.frozen, coordinator, layout.units, param_store,

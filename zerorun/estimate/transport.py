@@ -10,7 +10,7 @@ The constants mirror the engine's, so this needs no torch; a test holds the two 
 
 from __future__ import annotations
 
-LANE_BYTES = 16 * 2**20
+LANE_BYTES = 8 * 2**20
 SLOTS = 4
 MIN_SLOT_BYTES = 64 * 2**10
 HEADER_BYTES = 192

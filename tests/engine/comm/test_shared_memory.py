@@ -175,7 +175,7 @@ def test_the_lane_maps_its_budget_at_most_and_carries_any_size() -> None:
         slot = shared_memory.slot_bytes_for(10**12, world)  # a model of huge buckets
         assert world * shared_memory.segment_bytes(slot) <= shared_memory.LANE_BYTES + world * 64 * 2**10, world
         assert slot % 64 == 0 and slot >= shared_memory.MIN_SLOT_BYTES
-    assert shared_memory.slot_bytes_for(16 * 2**20, 2) == 2 * 2**20  # issue 19's bucket at world 2: 2 MiB slots
+    assert shared_memory.slot_bytes_for(16 * 2**20, 2) == 2**20  # issue 19's bucket at world 2: 1 MiB slots
     assert shared_memory.slot_bytes_for(1000, 2) == 1024  # a small model: its largest bucket, 64-byte aligned
     lane = shared_memory.SharedLane([torch.zeros(shared_memory.segment_bytes(400), dtype=torch.uint8)] * 2, 0, 400)
     assert lane.fits(torch.zeros(10**4)) and lane.fits(torch.zeros(3, dtype=torch.bfloat16))

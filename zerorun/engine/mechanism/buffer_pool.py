@@ -13,7 +13,10 @@ to 0 leaves it, so autograd's saved views stay what they were); the next gather 
 moves them back, with no allocation and no page fault. Only buffers released while a pass
 runs are kept, and only for the next :data:`HORIZON` gathers, so the pool holds about what the
 window held at once; at the end of each pass (:meth:`drain`) the idle bytes go back to the allocator, so the optimizer step and the
-code between steps see the heap as before. On a GPU the caching allocator pools already (and
+code between steps see the heap as before. Stage 3's gradient staging buffers, of the largest unit's
+size, are filled from and kept in the same pool (:class:`~zerorun.engine.mechanism.sharded_grads.
+UnitGradSync`): a released unit's bytes stage the next gradients, a reduced staging buffer's serve
+the next gather. On a GPU the caching allocator pools already (and
 orders reuse by stream): the pool is for host buffers only. ``ZERORUN_POOL_GATHERED=0`` turns
 it off.
 """

@@ -32,6 +32,7 @@ import torch
 from zerorun.engine.comm.collectives import Collectives
 from zerorun.engine.mechanism.accumulator import GradHome, ShardAccumulator
 from zerorun.engine.mechanism.buckets import FlatBucket, zero_padding
+from zerorun.engine.mechanism.buffer_pool import BufferPool
 from zerorun.engine.mechanism.gather import GatherCoordinator
 from zerorun.engine.mechanism.grad_sync import GradSyncBase, ReducePolicy
 from zerorun.engine.mechanism.partition import PartitionedBucket
@@ -54,28 +55,42 @@ class ShardedGradSync(GradSyncBase):
     """Stage 2: reduce-scatter every micro-step from staging buffers; keep only an fp32 gradient shard."""
 
     def __init__(self, buckets: list[FlatBucket], coll: Collectives, policy: ReducePolicy,
-                 home: GradHome | None = None) -> None:
-        """``home``: with optimizer offload, the host memory the offloaded buckets' sums live in."""
+                 home: GradHome | None = None, pool: BufferPool | None = None) -> None:
+        """``home``: with optimizer offload, the host memory the offloaded buckets' sums live in. ``pool``
+        (stage 3 on the host): staging buffers are taken from and given back to the gathered buffers' pool."""
         super().__init__(buckets, coll, policy)
         self.accum = ShardAccumulator(buckets, eager=True, dtype=policy.accum_dtype, home=home)
-        size = max(b.plan.padded_numel for b in buckets)
-        dtype, device = buckets[0].data.dtype, buckets[0].data.device
-        self._new = lambda: torch.empty(size, dtype=dtype, device=device)
+        self.pool = pool
+        self.staging_numel = max(b.plan.padded_numel for b in buckets)
+        self.staging_dtype, self.staging_device = buckets[0].data.dtype, buckets[0].data.device
         two = 2 if policy.overlap_comm else 1
         # overlap_comm always double-buffers, even when one parameter makes a bucket larger than
         # reduce_bucket_size (the estimator counts two buckets; memory must not hang on bucket sizes)
-        bound = two if policy.staging_numel is None else max(two, policy.staging_numel // size)
+        bound = two if policy.staging_numel is None else max(two, policy.staging_numel // self.staging_numel)
         self.limit = max(1, min(bound, MAX_STAGING_BUFFERS))
-        self.free: list[torch.Tensor] = [self._new() for _ in range(min(two, self.limit))]
-        self.allocated = len(self.free)
+        # pooled, a buffer exists only while it stages or its reduction runs
+        self.free: list[torch.Tensor] = [] if pool else [self._new() for _ in range(min(two, self.limit))]
+        self.allocated = len(self.free)  # staging buffers in existence: free, staging or being reduced
+        self.most = self.allocated  # the most at once (pooled, none exists between passes)
         self.extra_allocated = 0
         self.staging: dict[int, torch.Tensor] = {}
         self.filled: dict[int, list[bool]] = {}
+        self.claimed: dict[int, list[bool]] = {}  # slots a landing gradient is being computed into (grad_landing)
+        self.landed = 0  # gradients found in their slot, not copied (a count for the tests)
+        self.slot_of = {id(p): (bi, si) for bi, b in enumerate(buckets) for si, p in enumerate(b.params)}
         self.landing: dict[int, Fence] = {}  # id of a free buffer -> the fence of the landing that reads it
         self.additions_at_arm = 0  # the accumulator's additions when the pass was armed
 
     def _reduces_now(self) -> bool:
         return True  # DeepSpeed's stage 2 reduces on every micro-step
+
+    def _new(self) -> torch.Tensor:
+        """A staging buffer: from the pool (a released unit's bytes, when one of this size is idle) or new."""
+        if self.pool is None:
+            return torch.empty(self.staging_numel, dtype=self.staging_dtype, device=self.staging_device)
+        buf = torch.empty(0, dtype=self.staging_dtype, device=self.staging_device)
+        self.pool.fill(buf.untyped_storage(), self.staging_numel * buf.element_size())
+        return buf.set_(buf.untyped_storage(), 0, (self.staging_numel,))
 
     def _acquire(self, bucket_index: int) -> torch.Tensor:
         """A staging buffer: a free one, a finished reduction's, a new one within ``limit``, the
@@ -85,17 +100,48 @@ class ShardedGradSync(GradSyncBase):
         if not self.free and self.allocated < self.limit:
             self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
             self.free.append(self._new())
-        while not self.free and self.inflight:  # completion returns its buffer to the free list; a coalesced
-            self.inflight.popleft().wait()  # group's reduction (stage 3) returns none: wait for the next one
+        while not self.free and self.inflight:  # completion returns its buffer to the free list (or the pool);
+            self.inflight.popleft().wait()  # a coalesced group's reduction (stage 3) returns none: wait again
+            if not self.free and self.allocated < self.limit:
+                self.allocated += 1
+                self.free.append(self._new())
         if not self.free:
             self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
             self.allocated += 1
             self.free.append(self._new())
+        self.most = max(self.most, self.allocated)
         buf = self.free.pop()
         self.accum.before_reuse(self.landing.pop(id(buf), None))  # its chunk's copy to the host read it first
         self.staging[bucket_index] = buf
         self.filled[bucket_index] = [False] * len(self.buckets[bucket_index].params)
+        self.claimed[bucket_index] = [False] * len(self.buckets[bucket_index].params)
         return buf
+
+    def claim(self, param: torch.Tensor) -> torch.Tensor | None:
+        """``param``'s slot in its bucket's staging buffer, for its gradient to be computed into
+        (:mod:`zerorun.engine.mechanism.grad_landing`); None where that slot already has this pass's
+        gradient or one is on its way (a weight used twice: the second gradient is added as usual)."""
+        where = self.slot_of.get(id(param))
+        if where is None:
+            return None
+        bi, si = where
+        buf = self.staging.get(bi)
+        if buf is None:
+            if not self._acquires_without_waiting():
+                return None  # the gradient comes the usual way; its copy waits where it always did
+            buf = self._acquire(bi)
+        if self.claimed[bi][si] or self.filled[bi][si] or buf.dtype != param.dtype:
+            return None
+        self.claimed[bi][si] = True
+        slot = self.buckets[bi].plan.slots[si]
+        return buf.narrow(0, slot.offset, slot.numel).view(param.shape)
+
+    def _acquires_without_waiting(self) -> bool:
+        """Would :meth:`_acquire` return at once: a free buffer no copy to the host still reads, or room
+        for a new one? (A claim must not wait for a landing the gradient's copy would overlap.)"""
+        if self.free:
+            return id(self.free[-1]) not in self.landing
+        return self.allocated < self.limit
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         buf = self.staging.get(bucket_index)
@@ -103,7 +149,11 @@ class ShardedGradSync(GradSyncBase):
             buf = self._acquire(bucket_index)
         slot = self.buckets[bucket_index].plan.slots[slot_index]
         if param.grad is not None:
-            buf.narrow(0, slot.offset, slot.numel).copy_(param.grad.reshape(-1))
+            dest = buf.narrow(0, slot.offset, slot.numel)
+            if param.grad.data_ptr() != dest.data_ptr():
+                dest.copy_(param.grad.reshape(-1))
+            else:  # computed there (grad_landing)
+                self.landed += 1
             self.filled[bucket_index][slot_index] = True
         param.grad = None
 
@@ -114,6 +164,7 @@ class ShardedGradSync(GradSyncBase):
         if bucket_index not in self.staging:
             self._acquire(bucket_index)  # no gradient arrived (unused in forward): all zeros
         buf, filled = self.staging.pop(bucket_index), self.filled.pop(bucket_index)
+        self.claimed.pop(bucket_index)
         for slot, ok in zip(bucket.plan.slots, filled, strict=True):
             if not ok:
                 buf.narrow(0, slot.offset, slot.numel).zero_()
@@ -144,6 +195,10 @@ class ShardedGradSync(GradSyncBase):
         next user's writes are ordered after that copy (:meth:`_acquire`)."""
         if fence is not None:
             self.landing[id(buf)] = fence
+        elif self.pool is not None:  # its bytes serve the next gather or staging buffer of their size
+            self.pool.keep(buf.untyped_storage())
+            self.allocated -= 1
+            return
         self.free.append(buf)
 
     def _complete_ready(self) -> None:
@@ -164,6 +219,7 @@ class ShardedGradSync(GradSyncBase):
         self.free.extend(self.staging.values())
         self.staging.clear()
         self.filled.clear()
+        self.claimed.clear()
 
     def _partial_in_sum(self) -> bool:
         """Did the unwound pass's reductions (all complete now) add to the shards the step reads?"""
@@ -180,10 +236,7 @@ class ShardedGradSync(GradSyncBase):
 
     def held_bytes(self) -> tuple[int, int]:
         grads = self.accum.nbytes()
-        n_buffers = len(self.free) + len(self.staging) + len(self.inflight)
-        buf = self.free[0] if self.free else None
-        per = buf.numel() * buf.element_size() if buf is not None else 0
-        return grads, n_buffers * per
+        return grads, self.most * self.staging_numel * self.staging_dtype.itemsize
 
 
 class UnitGradSync(ShardedGradSync):
@@ -195,7 +248,7 @@ class UnitGradSync(ShardedGradSync):
                  coordinator: GatherCoordinator, coalesce_numel: int = COALESCE_LIMIT,
                  replica: Collectives | None = None, home: GradHome | None = None) -> None:
         """``replica`` (MiCS): the ranks holding the same shards; the boundary's shards are summed over it."""
-        super().__init__(buckets, coll, policy, home)  # type: ignore[arg-type]
+        super().__init__(buckets, coll, policy, home, pool=coordinator.pool)  # type: ignore[arg-type]
         self.replicas = ReplicaSum(self.accum, replica) if replica is not None else None
         if replica is not None and policy.average:  # the mean is over the world: the group's ranks x its replicas
             self.post = policy.predivide / (coll.world_size * replica.world_size)
@@ -229,7 +282,7 @@ class UnitGradSync(ShardedGradSync):
             self.group = torch.empty(self.coll.world_size, self.cap, dtype=buf.dtype, device=buf.device)
         rows = buf.narrow(0, 0, bucket.plan.padded_numel).view(self.coll.world_size, shard)  # row r: chunk r
         self.group.narrow(1, self.used, shard).copy_(rows)
-        self.free.append(buf)
+        self._release(buf, None)
         self.members.append((bi, self.used, shard))
         self.used += shard
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerorun.engine.mechanism import grad_landing
 from zerorun.engine.mechanism.compile_units import block_units, compile_forward, repeated_blocks
 from zerorun.errors import unsupported
 
@@ -85,6 +86,7 @@ class CompileSurface:
             warnings.warn("the `backend` in `compile_kwargs` is overridden: use the `backend` argument instead",
                           UserWarning, stacklevel=2)
         kwargs["backend"] = backend
+        grad_landing.uninstall(self.module)  # the graphs keep torch's Linear (its gradients are copied as before)
         coordinator = self.parts.coordinator
         blocks = repeated_blocks(self.module) if coordinator is not None else []
         if coordinator is not None and not blocks:
