@@ -35,7 +35,7 @@ class _Slots:
         self.buffer = torch.full((1 << 12,), float("nan"))  # the sync's staging buffer, here
         self.slots: dict[int, int] = {}  # parameter id -> the data pointer of its slot
 
-    def claim(self, param: torch.Tensor) -> torch.Tensor | None:
+    def claim(self, param: torch.Tensor, beside: torch.Tensor | None = None) -> torch.Tensor | None:
         if id(param) in self.slots:
             return None
         slot = self.buffer.to(param.dtype) if param.dtype != self.buffer.dtype else self.buffer
@@ -58,7 +58,7 @@ def test_the_landing_linear_computes_what_f_linear_does_bit_for_bit(shape: tuple
     go = torch.randn(y.shape, generator=g).to(dtype)
     want = torch.autograd.grad(y, inputs, go)
     site = _Slots()
-    y2 = _LandingLinear.apply(x, w, b, weakref.ref(site))
+    y2 = _LandingLinear.apply(b, x, w, weakref.ref(site))
     assert torch.equal(y, y2)
     w.grad = None
     y2.backward(go)

@@ -30,49 +30,55 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import FunctionCtx
 
 ENV_SWITCH = "ZERORUN_LAND_GRADS"
 
 
 class Site(Protocol):
-    def claim(self, param: torch.Tensor) -> torch.Tensor | None:
-        """The staging view ``param``'s gradient may be computed into, or None."""
+    def claim(self, param: torch.Tensor, beside: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The staging view ``param``'s gradient may be computed into, or None (``beside``: a parameter
+        whose gradient comes with it)."""
 
 
 class _LandingLinear(torch.autograd.Function):
     @staticmethod
-    def forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]  # noqa: A002
+    def forward(bias: torch.Tensor | None, input: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]  # noqa: A002
                 site: weakref.ref[Site]) -> torch.Tensor:
+        # the bias first, as addmm's: autograd then hands the bias its gradient before the weight, and a
+        # bias in a bucket of its own is reduced before the weight's bucket waits for it (buckets go in order)
         return F.linear(input, weight, bias)
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        input, weight = inputs[0], inputs[1]  # noqa: A001
+    def setup_context(ctx: FunctionCtx, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        bias, input, weight = inputs[0], inputs[1], inputs[2]  # noqa: A001
         # as torch's linear: the weight only for the input's gradient, the input only for the weight's
         ctx.save_for_backward(input if weight.requires_grad else None, weight if input.requires_grad else None)
         ctx.input_shape = input.shape
         ctx.param = weight  # the parameter whose slot is claimed (a parameter outlives its backward anyway)
+        ctx.bias = bias
         ctx.site = inputs[3]
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: FunctionCtx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         input, weight = ctx.saved_tensors  # noqa: A001
         go = grad_output.reshape(-1, grad_output.shape[-1])
         grad_input = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_input = go.mm(weight).view(ctx.input_shape)
         if ctx.needs_input_grad[1]:
-            site = ctx.site()
-            slot = site.claim(ctx.param) if site is not None and not torch.is_grad_enabled() else None
-            grad_weight = torch.mm(go.t(), input.reshape(-1, input.shape[-1]), out=slot)
+            grad_input = go.mm(weight).view(ctx.input_shape)
         if ctx.needs_input_grad[2]:
+            site = ctx.site()
+            slot = site.claim(ctx.param, ctx.bias) if site is not None and not torch.is_grad_enabled() else None
+            grad_weight = torch.mm(go.t(), input.reshape(-1, input.shape[-1]), out=slot)
+        if ctx.needs_input_grad[0]:
             grad_bias = go.sum(0)
-        return grad_input, grad_weight, grad_bias, None
+        return grad_bias, grad_input, grad_weight, None
 
 
 class _LandingForward:
@@ -89,7 +95,7 @@ class _LandingForward:
                 or not torch.is_grad_enabled() or not m.weight.requires_grad
                 or torch.is_autocast_enabled(input.device.type)):
             return F.linear(input, m.weight, m.bias)
-        return _LandingLinear.apply(input, m.weight, m.bias, self.site)
+        return _LandingLinear.apply(m.bias, input, m.weight, self.site)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _plain_forward, (self.module(),)
@@ -129,6 +135,6 @@ def uninstall(root: nn.Module) -> None:
     Landed([m for m in root.modules() if isinstance(m, nn.Linear)]).remove()
 
 
-def _plain_forward(module: nn.Linear) -> Any:
+def _plain_forward(module: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
     """torch's forward bound to ``module`` (what an unpickled or copied landed Linear gets)."""
     return nn.Linear.forward.__get__(module)

@@ -117,18 +117,22 @@ class ShardedGradSync(GradSyncBase):
         self.claimed[bucket_index] = [False] * len(self.buckets[bucket_index].params)
         return buf
 
-    def claim(self, param: torch.Tensor) -> torch.Tensor | None:
+    def claim(self, param: torch.Tensor, beside: torch.Tensor | None = None) -> torch.Tensor | None:
         """``param``'s slot in its bucket's staging buffer, for its gradient to be computed into
         (:mod:`zerorun.engine.mechanism.grad_landing`); None where that slot already has this pass's
-        gradient or one is on its way (a weight used twice: the second gradient is added as usual)."""
+        gradient or one is on its way (a weight used twice: the second gradient is added as usual), or
+        where staging it now would make a buffer wait or grow: ``beside`` (the Linear's bias) may reach
+        autograd's hook first and need a buffer of its own."""
         where = self.slot_of.get(id(param))
         if where is None:
             return None
         bi, si = where
         buf = self.staging.get(bi)
         if buf is None:
-            if not self._acquires_without_waiting():
-                return None  # the gradient comes the usual way; its copy waits where it always did
+            other = self.slot_of.get(id(beside)) if beside is not None else None
+            opening = 2 if other is not None and other[0] != bi and other[0] not in self.staging else 1
+            if self._ready_buffers() < opening:
+                return None  # the gradient comes the usual way, and its buffer where it always did
             buf = self._acquire(bi)
         if self.claimed[bi][si] or self.filled[bi][si] or buf.dtype != param.dtype:
             return None
@@ -136,12 +140,13 @@ class ShardedGradSync(GradSyncBase):
         slot = self.buckets[bi].plan.slots[si]
         return buf.narrow(0, slot.offset, slot.numel).view(param.shape)
 
-    def _acquires_without_waiting(self) -> bool:
-        """Would :meth:`_acquire` return at once: a free buffer no copy to the host still reads, or room
-        for a new one? (A claim must not wait for a landing the gradient's copy would overlap.)"""
-        if self.free:
-            return id(self.free[-1]) not in self.landing
-        return self.allocated < self.limit
+    def _ready_buffers(self) -> int:
+        """Staging buffers :meth:`_acquire` can hand out at once: none while a free one is still read by a
+        copy to the host (it would be handed out first, after that copy: a claim must not wait for a landing
+        the gradient's copy would overlap), else the free ones and room for new ones."""
+        if any(id(b) in self.landing for b in self.free):
+            return 0
+        return len(self.free) + max(0, self.limit - self.allocated)
 
     def _absorb(self, bucket_index: int, slot_index: int, param: torch.Tensor) -> None:
         buf = self.staging.get(bucket_index)
