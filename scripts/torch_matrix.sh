@@ -14,7 +14,8 @@
 #   --table   where rows are appended (default: $MATRIX_DIR/torch_matrix.md).
 #   --keep    keep each venv (and reuse a kept one on the next run).
 #   --install-only  build the venvs (implies --keep), run nothing: fetch downloads ahead of the tests.
-# The full suites install the dev extras; any other selection only zerorun, pytest and pytest-timeout
+# The full suites install the dev extras; any other selection only zerorun, pytest, pytest-timeout and
+# pytest-xdist (pyproject's addopts run the tests on four workers)
 # (MATRIX_EXTRAS=dev installs the extras anyway).
 # Environment: MATRIX_DIR (venvs and logs, default ${TMPDIR:-/tmp}/zerorun-torch-matrix), PYTHON
 # (default python3), TORCH_WHEEL_DIR (a folder of local torch wheels pip may use first, e.g. a CPU build).
@@ -55,7 +56,7 @@ done
 if [ "$TESTS" = "$FULL" ] || [ "${MATRIX_EXTRAS:-}" = dev ]; then
     EXTRAS_NAME=dev; EXTRAS='-e .[dev]'
 else
-    EXTRAS_NAME=lean; EXTRAS="-e . pytest>=9.2,<10 pytest-timeout>=2.4,<3"
+    EXTRAS_NAME=lean; EXTRAS="-e . pytest>=9.2,<10 pytest-timeout>=2.4,<3 pytest-xdist>=3.8,<4"
 fi
 mkdir -p "$MATRIX_DIR"
 TABLE=${TABLE:-$MATRIX_DIR/torch_matrix.md}
