@@ -97,16 +97,16 @@ class ShardedGradSync(GradSyncBase):
         oldest in flight's, or one extra."""
         if not self.free and self.inflight and self.inflight[0].ready():
             self.inflight.popleft().wait()  # the oldest reduction is over: reuse its buffer, don't grow
-        if not self.free and self.allocated < self.limit:
-            self.allocated += 1  # backward outruns the reductions: stage one more bucket, don't wait
-            self.free.append(self._new())
-        while not self.free and self.inflight:  # completion returns its buffer to the free list (or the pool);
-            self.inflight.popleft().wait()  # a coalesced group's reduction (stage 3) returns none: wait again
-            if not self.free and self.allocated < self.limit:
-                self.allocated += 1
-                self.free.append(self._new())
-        if not self.free:
-            self.extra_allocated += 1  # buckets' gradients interleave: one more buffer
+        while not self.free:
+            if self.inflight and self.allocated >= self.limit:
+                # completion returns its buffer to the free list (pooled: to the pool, which makes room);
+                # a coalesced group's reduction (stage 3) returns none: wait again
+                self.inflight.popleft().wait()
+                continue
+            # within the limit: backward outruns the reductions, stage one more bucket rather than wait;
+            # past it with nothing in flight: buckets' gradients interleave, one more buffer
+            if self.allocated >= self.limit:
+                self.extra_allocated += 1
             self.allocated += 1
             self.free.append(self._new())
         self.most = max(self.most, self.allocated)
