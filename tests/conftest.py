@@ -3,11 +3,17 @@ launcher's fixtures) import by name from every test folder, and from the process
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# One thread per process, in the test workers and in what they start (a child given an environment of
+# its own sets its own): 4 workers share 2 cores, and an OpenMP thread spins a while after its work,
+# on a core another test needs (the dry GPU check: a third more CPU under load for the same work).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
@@ -35,18 +41,28 @@ def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-# The longest tests (real training scripts, a clean install, the exit stress rounds, the dry GPU checks:
-# tens of seconds each) start first, so that the test workers end the run on short ones together rather
-# than one worker finishing a long test alone (the order within each group is kept).
-LONG_FIRST = ("tests/scripts/", "tests/engine/test_engine_exit.py", "tests/autotune/test_autotune_e2e.py",
-              "tests/first_hour/test_install.py", "tests/bench/", "tests/launcher/test_launcher_elastic.py",
-              "tests/launcher/test_launcher_stall.py", "tests/compat/test_ds_command.py",
-              "tests/simulate/test_simulate.py", "tests/engine/test_engine_compile.py",
-              "tests/launcher/test_launcher_restart.py", "tests/engine/checkpoint/test_convert_memory.py")
+# How the test workers share the suite (``-n 4 --dist loadscope --no-loadscope-reorder``): a module is one
+# unit of work, so a module-scoped fixture (a spawned world that trains every case once, a saved model and
+# its references) runs once, not once on every worker that draws one of its tests. Each worker takes the
+# next module as it frees up, in this order: the longest first (in a shared run, 50-300 s each), so they run
+# beside short ones from the start and the workers end the run together; the rest as collected.
+LONG_FIRST = ("tests/scripts/test_ds_scripts_trl.py", "tests/simulate/test_simulate.py",
+              "tests/scripts/test_ds_scripts_hf.py", "tests/scripts/test_ds_scripts.py",
+              "tests/engine/test_engine_exit.py", "tests/bench/test_gpu_check.py", "tests/launcher/test_launcher_multinode.py",
+              "tests/autotune/test_autotune_e2e.py", "tests/engine/test_engine_stage3.py",
+              "tests/engine/test_engine_parity.py", "tests/scripts/test_ds_bf16_master_weight.py",
+              "tests/launcher/test_launcher_stall.py", "tests/first_hour/test_install.py",
+              "tests/engine/test_engine_compile.py", "tests/launcher/test_launcher_elastic.py",
+              "tests/launcher/test_launcher_openmpi.py", "tests/bench/test_gpu_peers.py",
+              "tests/engine/test_engine_examples.py", "tests/launcher/test_launcher_restart.py")
+
+
+def _long_rank(item: pytest.Item) -> int:
+    return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_FIRST))
+    items.sort(key=_long_rank)  # stable: the order within each module is kept
 
 
 def pytest_configure(config: pytest.Config) -> None:

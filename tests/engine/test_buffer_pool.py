@@ -20,6 +20,7 @@ from torch import nn
 
 from tests.dist_harness import run_distributed
 from zerorun import torch_compat
+from zerorun.engine import physical_memory
 from zerorun.engine.mechanism.buffer_pool import BufferPool
 
 needs_swap = pytest.mark.skipif(not torch_compat.can_swap_storage_bytes(),
@@ -63,6 +64,9 @@ def test_the_pool_is_for_host_buffers_only_and_can_be_turned_off(monkeypatch: py
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # freed buffers go straight back: nothing to avoid
     assert BufferPool.for_devices({torch.device("cpu")}) is None
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setattr(physical_memory, "_RETURNING", True)  # return_freed_memory() ran here (a CPU simulation)
+    assert BufferPool.for_devices({torch.device("cpu")}) is None
+    monkeypatch.setattr(physical_memory, "_RETURNING", False)
     assert (BufferPool.for_devices({torch.device("cpu")}) is not None) == torch_compat.can_swap_storage_bytes()
 
 

@@ -27,7 +27,7 @@ def _close(got: list[float], want: list[float]) -> None:
     assert got == pytest.approx(want, rel=RTOL, abs=ATOL), f"\n got {got}\nwant {want}"
 
 
-@pytest.mark.parametrize("stage", [0, 1, 3])
+@pytest.mark.parametrize("stage", [0, 3])  # stage 1 runs the longtail script below; every stage: tests/engine
 def test_cifar_matches_reference(tmp_path: Path, stage: int) -> None:
     """add_config_arguments + get_accelerator + training_data loader + the config's optimizer."""
     cfg = write_config(tmp_path / "ds_config.json", {
@@ -47,7 +47,7 @@ def test_cifar_matches_reference(tmp_path: Path, stage: int) -> None:
     assert runs[0]["lr"] == [0.01]
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2])
+@pytest.mark.parametrize("stage", [0, 2])
 def test_gan_two_engines_client_optimizers(tmp_path: Path, stage: int) -> None:
     """Two engines, client Adam optimizers, modules called directly; G's loss also leaves gradients in D,
     which `netD.zero_grad()` must clear before D's next step (at stage 0 it did not)."""
