@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 
 import pytest
 import torch
@@ -120,26 +121,28 @@ def test_the_lane_gives_the_sums_gloo_gives(world: int) -> None:
                 assert torch.equal(got, lane[rank]["results"][k])
 
 
-def _open_with(rank: int, world: int, off_on: int | None, before: list[str]) -> tuple[bool, list[str]]:
+def _open_with(rank: int, world: int, off_on: int | None, token: str) -> tuple[bool, list[str]]:
+    # this run's segment names, told apart from the lanes of tests running beside it
+    shared_memory.new_token = lambda: token
     if rank == off_on:
         os.environ[shared_memory.ENV_SWITCH] = "0"
     coll = Collectives(dist.group.WORLD, world, rank)
     opened = coll.open_shared_lane(SLOT_NUMEL)
     coll.all_true(True)  # every rank is past opening
-    left = sorted(set(os.listdir(shared_memory.SHM_DIR)) - set(before))
-    return opened, [f for f in left if f.startswith("zerorun-lane-")]
+    return opened, _lane_files(token)
 
 
-def _shm_files() -> list[str]:
-    return sorted(os.listdir(shared_memory.SHM_DIR)) if shared_memory.SHM_DIR.is_dir() else []
+def _lane_files(token: str) -> list[str]:
+    listed = os.listdir(shared_memory.SHM_DIR) if shared_memory.SHM_DIR.is_dir() else []
+    return sorted(f for f in listed if f.startswith(f"zerorun-lane-{token}"))
 
 
 @pytest.mark.timeout(120)
 def test_the_lane_leaves_no_files_and_one_rank_can_turn_it_off_for_all() -> None:
-    before = _shm_files()
-    assert run_distributed(_open_with, 2, None, before, timeout=100) == [(True, [])] * 2
-    assert run_distributed(_open_with, 2, 1, before, timeout=100) == [(False, [])] * 2
-    assert [f for f in _shm_files() if f.startswith("zerorun-lane-")] == []
+    token = f"test{uuid.uuid4().hex}"
+    assert run_distributed(_open_with, 2, None, token, timeout=100) == [(True, [])] * 2
+    assert run_distributed(_open_with, 2, 1, token, timeout=100) == [(False, [])] * 2
+    assert _lane_files(token) == []
 
 
 def _die_while_awaited(rank: int, world: int, report: str) -> None:
@@ -265,7 +268,7 @@ def _taken_then_die(rank: int, world: int, planted: str, report: str) -> None:
         if rank == 1:
             raise
         outcome = type(e).__name__
-    left = [f for f in _shm_files() if f.startswith(f"zerorun-lane-{TOKEN}")]
+    left = _lane_files(TOKEN)
     with open(report, "w") as f:
         f.write(f"{taken} {outcome} {left}")
 
@@ -282,4 +285,4 @@ def test_a_name_this_rank_did_not_create_is_never_unlinked_and_a_peer_dying_leak
     text = report.read_text()
     assert text.startswith("opened=False planted=True own=False "), text  # refused, left alone, own name gone
     assert text.endswith(" []"), text  # after rank 1 died in all_true, neither segment is left
-    assert not [f for f in _shm_files() if f.startswith(f"zerorun-lane-{TOKEN}")]
+    assert not _lane_files(TOKEN)
