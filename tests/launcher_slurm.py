@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.plan.port import free_port
+
 DAEMONS = ("slurmctld", "slurmd", "srun", "salloc", "sbatch", "scancel", "scontrol", "sinfo")
 PLUGIN_DIRS = ("/usr/lib/*/slurm-wlm", "/usr/lib/slurm-wlm", "/usr/lib64/slurm", "/usr/lib/slurm")
 
@@ -42,12 +44,6 @@ def skip_loudly(what: str, reason: str) -> None:
     print(f"\nWARNING: {text}", file=sys.stderr)
     warnings.warn(text, stacklevel=2)
     pytest.skip(text)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _has_auth_none() -> bool:
@@ -72,7 +68,7 @@ def write_conf(root: Path, node: str, auth: list[str]) -> Path:
     cpus = max(4, os.cpu_count() or 1)  # 2-rank tests fit on a 1-CPU machine (config_overrides)
     lines = [
         "ClusterName=zerorun-test", f"SlurmctldHost={node}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}", "SlurmUser=root", "SlurmdUser=root", *auth,
+        f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}", "SlurmUser=root", "SlurmdUser=root", *auth,
         "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from launcher.plan.filters import NodeSlots
 from launcher.plan.ifname import export_ifnames
 from launcher.plan.launch_plan import LaunchPlan, build_plan
 from launcher.plan.master import plan_master
+from launcher.plan.port import free_port
 from launcher.plan.runners import NodeCommand, RunnerKind, SshOptions
 from launcher.run.executor import RunResult
 from launcher.watch.report import Failure
@@ -218,18 +218,12 @@ def with_elastic_env(plan: LaunchPlan) -> LaunchPlan:
     return dataclasses.replace(plan, env=tuple(sorted(env.items())))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def check_plan(base: LaunchPlan, nodes: tuple[NodeSlots, ...], ns: argparse.Namespace, local: bool) -> LaunchPlan:
     """A plan of every candidate host, only to check them (no config is validated at its world)."""
     addr, reason = plan_master(nodes, ns.master_addr, local)
     return build_plan(nodes, command=base.command, job_id=base.job_id, cwd=base.cwd, python=base.python,
                       master_addr=addr, master_reason=reason, local=local, env=dict(base.env), options=base.options,
-                      master_port=_free_port() if ns.master_port == "auto" else base.master_port)
+                      master_port=free_port() if ns.master_port == "auto" else base.master_port)
 
 
 def start(ns: argparse.Namespace, rng: NodeRange, pool: tuple[NodeSlots, ...]) -> Membership:

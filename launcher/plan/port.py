@@ -13,8 +13,10 @@ or ``zerorun doctor`` can check, so 29500 stays the default there.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import sys
+from pathlib import Path
 
 from launcher.errors import LaunchError
 from launcher.plan.launch_plan import DEFAULT_MASTER_PORT
@@ -22,9 +24,30 @@ from launcher.plan.launch_plan import DEFAULT_MASTER_PORT
 AUTO = "auto"
 
 
-def free_port() -> int:
-    """A port no one listens on here now (the kernel's pick)."""
-    with socket.socket() as s:
+_OUTGOING = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_SPAN = 8192  # the ports tried just below the outgoing range
+
+
+def outgoing_ports() -> range:
+    """The local ports the kernel gives outgoing connections (Linux's ``ip_local_port_range``; else the
+    IANA dynamic range, which other systems use)."""
+    try:
+        low, high = (int(x) for x in _OUTGOING.read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    return range(low, high + 1)
+
+
+def free_port(tries: int = 64) -> int:
+    """A port no one listens on here now, outside the outgoing range: the kernel's own pick comes from
+    that range, so any connection opened here between the pick and the store's listen can take it as its
+    local port (seen: ``EADDRINUSE`` with four jobs of many gloo connections on one machine)."""
+    outgoing = outgoing_ports()
+    candidates = [*range(max(1024, outgoing.start - _SPAN), outgoing.start), *range(outgoing.stop, 65536)]
+    for port in random.sample(candidates, min(tries, len(candidates))):
+        if not in_use(port):
+            return port
+    with socket.socket() as s:  # all taken: the kernel's pick
         s.bind(("", 0))
         return int(s.getsockname()[1])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import OrderedDict
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import LaunchError
+from launcher.plan.port import free_port
 from zerorun.compat import ds_commands_link as links
 from zerorun.compat.ds_command import parse_args, translate
 from zerorun.compat.ds_resources import (
@@ -188,12 +188,6 @@ with open(f"rank{os.environ['RANK']}.json", "w") as fh:
 """
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def test_the_deepspeed_command_runs_the_example_through_zerorun(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -202,12 +196,12 @@ def test_the_deepspeed_command_runs_the_example_through_zerorun(tmp_path: Path) 
     env.pop("ZERORUN_AS_DEEPSPEED", None)
     (tmp_path / "probe.py").write_text(ARGV_PROBE)
     prompt = "I'm going to tell them \"DeepSpeed is the best\" $HOME"
-    probe = subprocess.run(["deepspeed", "--num_gpus", "1", "--master_port", _free_port(), "probe.py", "--prompt", prompt],
+    probe = subprocess.run(["deepspeed", "--num_gpus", "1", "--master_port", str(free_port()), "probe.py", "--prompt", prompt],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
     seen = json.loads((tmp_path / "rank0.json").read_text())
     assert seen == {"argv": ["--local_rank=0", "--prompt", prompt], "deepspeed": "0.19.8+zerorun"}
-    toy = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", _free_port(), str(ROOT / "examples/train_toy.py"),
+    toy = subprocess.run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), str(ROOT / "examples/train_toy.py"),
                           "--steps", "2", "--layers", "2", "--deepspeed", "--deepspeed_config",
                           str(ROOT / "templates/zero2.yaml")], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=180)

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from launcher.plan.port import free_port
 
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SYSTEMS = ("ddp", "z1", "z2", "z3", "readme")
@@ -135,12 +136,6 @@ def preload(probe: bool) -> Mapping[str, Callable[[Mapping[str, Any], int], None
     return exit_jobs.JOBS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(job: Callable[[Mapping[str, Any], int], None], run: Run, rank: int, log: str, env: dict[str, str]) -> None:
     """In the forked child: output to ``log``, the job, then ``SystemExit`` up to the top of the script."""
     import atexit
@@ -159,7 +154,7 @@ def _rank(job: Callable[[Mapping[str, Any], int], None], run: Run, rank: int, lo
 
 def _start(job: Callable[[Mapping[str, Any], int], None], run: Run, logdir: str) -> dict[int, tuple[int, str]]:
     """Fork the run's ranks (from a one-thread process); returns ``{pid: (rank, log)}``."""
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD),
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
            "LOCAL_WORLD_SIZE": str(WORLD), "PYTHONWARNINGS": "ignore", **ONE_THREAD_ENV}
     children = {}
     for rank in range(WORLD):

@@ -8,13 +8,13 @@ of two, not two worlds of one.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from launcher.plan.port import free_port
 from tests.child_output import own_words
 from zerorun.engine.comm.scheduler_env import JobEnv, first_host, job_env
 from zerorun.engine.errors import EngineError
@@ -76,17 +76,11 @@ print(ctx.rank, ctx.world_size, ctx.local_rank, int(t.item()))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_srun_tasks_form_one_world_of_two() -> None:
     """Only srun's variables: today's code would start two worlds of one (and sum to 1)."""
     base = {k: v for k, v in os.environ.items()
             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR") and not k.startswith(("SLURM_", "OMPI_"))}
-    base.update(SLURM_NTASKS="2", SLURM_NODELIST="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    base.update(SLURM_NTASKS="2", SLURM_NODELIST="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", WORLD], env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[2]) for r in range(2)]

@@ -27,6 +27,7 @@ from launcher.doctor.verdicts import (
 from launcher.plan.filters import select
 from launcher.plan.hostfile import Host
 from launcher.plan.launch_plan import build_plan
+from launcher.plan.port import free_port
 from launcher.plan.runners import RunnerKind
 
 FACTS: dict[str, Any] = {
@@ -44,12 +45,6 @@ def _local_plan(port: int) -> Any:
     nodes = select((Host("localhost", 1),))
     return build_plan(nodes, command=("t.py",), job_id="j", cwd=str(Path.cwd()), python=__import__("sys").executable,
                       master_port=port, local=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def test_version_mismatch_names_the_host_and_both_versions() -> None:
@@ -114,7 +109,7 @@ def test_ifname_grammar_and_suggestion() -> None:
 
 
 def test_this_machine_is_checked_for_real() -> None:
-    report = check_hosts(_local_plan(_free_port()), RunnerKind.LOCAL)
+    report = check_hosts(_local_plan(free_port()), RunnerKind.LOCAL)
     assert report.ok, [f.message for f in report.findings]
     facts = report.hosts[0].facts
     assert facts is not None and facts["network"]["connect"]["result"] == "ok"  # the listener was reached
@@ -138,7 +133,7 @@ def test_doctor_command_json_and_exit_code(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.chdir(tmp_path)
     start = time.monotonic()
-    assert main(["doctor", "--master_port", str(_free_port()), "--json"]) == 0
+    assert main(["doctor", "--master_port", str(free_port()), "--json"]) == 0
     took = time.monotonic() - start
     data = json.loads(capsys.readouterr().out)
     assert data["ok"] and data["runner"] == "local" and data["verdict"].startswith("ok: 1 host(s)")
@@ -210,7 +205,7 @@ def test_doctor_checks_the_save_dir_and_the_configs_nvme_path(tmp_path: Path, mo
     (tmp_path / "a_file").write_text("")
     (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 1, "zero_optimization": {
         "stage": 3, "offload_param": {"device": "nvme", "nvme_path": "swap"}}}))
-    argv = ["doctor", "--master_port", str(_free_port()), "--config", "ds.json", "--json"]
+    argv = ["doctor", "--master_port", str(free_port()), "--config", "ds.json", "--json"]
     assert main([*argv, "--save-dir", "a_file/ckpt"]) == 1  # under a file: cannot be made
     data = json.loads(capsys.readouterr().out)
     disks = data["hosts"][0]["facts"]["disks"]

@@ -13,20 +13,16 @@ from pathlib import Path
 import pytest
 from launcher_conftest import SCRIPTS, SshServer, sshd, zerorun_argv  # noqa: F401
 
+from launcher.plan.port import free_port
+
 
 def _ssh(server: SshServer) -> list[str]:
     return ["--launcher", "ssh", "--ssh_port", str(server.port), "--ssh_args", server.ssh_args]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        return int(s.getsockname()[1])
-
-
 def test_doctor_checks_both_hosts_over_ssh(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
     hostfile = sshd.hostfile(tmp_path / "hostfile")
-    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(_free_port()), "--json",
+    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(free_port()), "--json",
                         "--no-collective")
     start = time.monotonic()
     out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -44,7 +40,7 @@ def test_doctor_checks_both_hosts_over_ssh(sshd: SshServer, tmp_path: Path) -> N
 @pytest.mark.timeout(240)
 def test_doctor_runs_a_real_collective_and_names_the_slowest_link(sshd: SshServer, tmp_path: Path) -> None:  # noqa: F811
     hostfile = sshd.hostfile(tmp_path / "hostfile", slots=1)  # two nodes: the collective is on by default
-    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(_free_port()), "--json")
+    argv = zerorun_argv("doctor", "-H", str(hostfile), *_ssh(sshd), "--master_port", str(free_port()), "--json")
     out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=220)
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(out.stdout)

@@ -44,6 +44,17 @@ def test_default_port_taken_here_takes_a_free_one_and_says_so(held_port: int, mo
     assert choose_port(None, here=False) == (held_port, None)  # another node's port: only the preflight can tell
 
 
+def test_a_free_port_is_outside_the_range_of_outgoing_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's pick for port 0 comes from the range it gives outgoing connections, where any
+    connection opened before the store listens can take it: the launcher's pick lies outside it."""
+    outgoing = port_mod.outgoing_ports()
+    picks = {port_mod.free_port() for _ in range(20)}
+    assert all(p not in outgoing and 1024 <= p < 65536 and not in_use(p) for p in picks), (picks, outgoing)
+    assert len(picks) > 1  # random, not one port every job on the machine would race for
+    monkeypatch.setattr(port_mod, "in_use", lambda port: True)  # every candidate taken: the kernel's pick
+    assert port_mod.free_port(tries=3) in outgoing
+
+
 def test_default_port_free_stays_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:
         s.bind(("", 0))
