@@ -48,7 +48,8 @@ def world_of_one(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # beside short ones from the start and the workers end the run together; the rest as collected.
 LONG_FIRST = ("tests/scripts/test_ds_scripts_trl.py", "tests/simulate/test_simulate.py",
               "tests/scripts/test_ds_scripts_hf.py", "tests/scripts/test_ds_scripts.py",
-              "tests/engine/test_engine_exit.py", "tests/bench/test_gpu_check.py", "tests/launcher/test_launcher_multinode.py",
+              "tests/engine/test_engine_exit.py", "tests/bench/test_gpu_check.py",
+              "tests/launcher/test_launcher_multinode.py",
               "tests/autotune/test_autotune_e2e.py", "tests/engine/test_engine_stage3.py",
               "tests/engine/test_engine_parity.py", "tests/scripts/test_ds_bf16_master_weight.py",
               "tests/launcher/test_launcher_stall.py", "tests/first_hour/test_install.py",

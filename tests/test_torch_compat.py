@@ -4,6 +4,7 @@ the tests (``FORCE_FALLBACK`` takes the fallback where the private API exists), 
 from __future__ import annotations
 
 import collections
+import os
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -297,8 +298,6 @@ def test_dcp_one_process_saves_and_loads_without_a_group_and_refuses_a_collectiv
 
 
 def _dcp_saves_in_a_group_of_one(rank: int, world: int, forced: set[str], path: str) -> bool:
-    import os
-
     import torch.distributed.checkpoint as dcp
 
     tc.FORCE_FALLBACK = set(forced)

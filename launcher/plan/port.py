@@ -43,7 +43,8 @@ def free_port(tries: int = 64) -> int:
     that range, so any connection opened here between the pick and the store's listen can take it as its
     local port (seen: ``EADDRINUSE`` with four jobs of many gloo connections on one machine)."""
     outgoing = outgoing_ports()
-    candidates = [*range(max(1024, outgoing.start - _SPAN), outgoing.start), *range(outgoing.stop, 65536)]
+    near = (*range(outgoing.start - _SPAN, outgoing.start), *range(outgoing.stop, 65536))
+    candidates = [p for p in near if p >= 1024]  # never a privileged port, whatever the range says
     for port in random.sample(candidates, min(tries, len(candidates))):
         if not in_use(port):
             return port
